@@ -1,0 +1,142 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+func randIntn(n int) int { return rand.IntN(n) }
+
+// metrics are the node's counters, served as JSON and in the Prometheus text format.
+type metrics struct {
+	started     time.Time
+	appendBytes atomic.Uint64
+	readBytes   atomic.Uint64
+	mu          sync.Mutex
+	requests    map[reqKey]*reqStat
+}
+
+type reqKey struct {
+	method string
+	class  string // 2xx, 3xx, 4xx, 5xx
+}
+
+type reqStat struct {
+	count   uint64
+	seconds float64
+}
+
+func (m *metrics) init() {
+	m.started = time.Now()
+	m.requests = map[reqKey]*reqStat{}
+}
+
+func (m *metrics) observe(method string, status int, d time.Duration) {
+	if status == 0 {
+		status = http.StatusOK
+	}
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodOptions:
+	default:
+		method = "OTHER"
+	}
+	k := reqKey{method, fmt.Sprintf("%dxx", status/100)}
+	m.mu.Lock()
+	st := m.requests[k]
+	if st == nil {
+		st = &reqStat{}
+		m.requests[k] = st
+	}
+	st.count++
+	st.seconds += d.Seconds()
+	m.mu.Unlock()
+}
+
+func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	if !s.ready.Load() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		w.Write([]byte(`{"ready":false,"reason":"shutting down"}`))
+		return
+	}
+	w.Write([]byte(`{"ready":true}`))
+}
+
+// MetricsSnapshot is the JSON shape of GET /__ursula/metrics.
+type MetricsSnapshot struct {
+	UptimeSeconds float64            `json:"uptime_seconds"`
+	ClusterID     string             `json:"cluster_id"`
+	Engine        EngineStats        `json:"engine"`
+	LiveReaders   int64              `json:"live_readers"`
+	AppendBytes   uint64             `json:"append_bytes_total"`
+	ReadBytes     uint64             `json:"read_bytes_total"`
+	Requests      map[string]uint64  `json:"requests_total"`
+	RequestSecs   map[string]float64 `json:"request_seconds_total"`
+}
+
+// Snapshot returns the current metrics.
+func (s *Server) MetricsSnapshot() MetricsSnapshot {
+	ms := MetricsSnapshot{
+		UptimeSeconds: time.Since(s.metrics.started).Seconds(),
+		ClusterID:     s.cfg.ClusterID,
+		Engine:        s.engine.Stats(),
+		LiveReaders:   s.live.Load(),
+		AppendBytes:   s.metrics.appendBytes.Load(),
+		ReadBytes:     s.metrics.readBytes.Load(),
+		Requests:      map[string]uint64{},
+		RequestSecs:   map[string]float64{},
+	}
+	s.metrics.mu.Lock()
+	for k, v := range s.metrics.requests {
+		ms.Requests[k.method+" "+k.class] = v.count
+		ms.RequestSecs[k.method+" "+k.class] = v.seconds
+	}
+	s.metrics.mu.Unlock()
+	return ms
+}
+
+func (s *Server) handleMetricsJSON(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(s.MetricsSnapshot())
+}
+
+func (s *Server) handleMetricsProm(w http.ResponseWriter, r *http.Request) {
+	ms := s.MetricsSnapshot()
+	var b strings.Builder
+	gauge := func(name, help string, v any) {
+		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s gauge\n%s %v\n", name, help, name, name, v)
+	}
+	counter := func(name, help string, v any) {
+		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s counter\n%s %v\n", name, help, name, name, v)
+	}
+	gauge("ursula_uptime_seconds", "Seconds since the server started.", ms.UptimeSeconds)
+	gauge("ursula_streams", "Streams held by the engine.", ms.Engine.Streams)
+	gauge("ursula_stream_bytes", "Stream bytes held by the engine.", ms.Engine.Bytes)
+	gauge("ursula_live_readers", "Open long-poll and SSE readers.", ms.LiveReaders)
+	counter("ursula_append_bytes_total", "Bytes appended.", ms.AppendBytes)
+	counter("ursula_read_bytes_total", "Bytes served by reads.", ms.ReadBytes)
+	keys := make([]string, 0, len(ms.Requests))
+	for k := range ms.Requests {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	b.WriteString("# HELP ursula_http_requests_total HTTP requests by method and status class.\n# TYPE ursula_http_requests_total counter\n")
+	for _, k := range keys {
+		m, c, _ := strings.Cut(k, " ")
+		fmt.Fprintf(&b, "ursula_http_requests_total{method=%q,code=%q} %d\n", m, c, ms.Requests[k])
+	}
+	b.WriteString("# HELP ursula_http_request_seconds_total Time spent answering HTTP requests.\n# TYPE ursula_http_request_seconds_total counter\n")
+	for _, k := range keys {
+		m, c, _ := strings.Cut(k, " ")
+		fmt.Fprintf(&b, "ursula_http_request_seconds_total{method=%q,code=%q} %g\n", m, c, ms.RequestSecs[k])
+	}
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	w.Write([]byte(b.String()))
+}

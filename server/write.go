@@ -1,0 +1,278 @@
+package server
+
+import (
+	"encoding/hex"
+	"net/http"
+	"strconv"
+
+	"lukechampine.com/blake3"
+
+	"github.com/ursula-go/ursula/streamcore"
+)
+
+func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, t *target) {
+	body, e := readBody(w, r)
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	c, e := s.createCommand(r, t, body)
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	res, e := s.propose(r.Context(), c)
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	s.writeResult(w, r, t, res)
+}
+
+func (s *Server) createCommand(r *http.Request, t *target, body []byte) (*streamcore.Command, *streamcore.Error) {
+	if r.Header.Get(streamcore.HdrProducerID) != "" || r.Header.Get(streamcore.HdrProducerEpoch) != "" || r.Header.Get(streamcore.HdrProducerSeq) != "" {
+		return nil, badProducer("producer headers are not allowed on create")
+	}
+	inc, e := parseIncarnation(r)
+	if e != nil {
+		return nil, e
+	}
+	ttl, e := parseTTL(r)
+	if e != nil {
+		return nil, e
+	}
+	expText, expMs, e := parseExpiresAt(r)
+	if e != nil {
+		return nil, e
+	}
+	if ttl >= 0 && expText != "" {
+		return nil, badHeader("Stream-TTL and Stream-Expires-At cannot both be given")
+	}
+	seq, e := parseStreamSeq(r)
+	if e != nil {
+		return nil, e
+	}
+	fork, e := parseFork(r)
+	if e != nil {
+		return nil, e
+	}
+	ct, stored, msgs, fault, e := contentOf(r, body, true)
+	if e != nil {
+		return nil, e
+	}
+	return &streamcore.Command{
+		Op: streamcore.OpCreate, Key: t.key, Now: s.now(), IfIncarnation: inc,
+		ContentType: ct, TTL: ttl, ExpiresAt: expText, ExpiresAtMs: expMs,
+		NewIncarnation: NewIncarnation(), Fork: fork,
+		Body: stored, Messages: msgs, Close: closedFlag(r), StreamSeq: seq, BodyFault: fault,
+	}, nil
+}
+
+// parseFork reads Stream-Forked-From, Stream-Fork-Offset and Stream-Fork-Sub-Offset.
+func parseFork(r *http.Request) (*streamcore.ForkSpec, *streamcore.Error) {
+	from, hasFrom, e := single(r, streamcore.HdrForkedFrom)
+	if e != nil {
+		return nil, e
+	}
+	offText, hasOff, e := single(r, streamcore.HdrForkOffset)
+	if e != nil {
+		return nil, e
+	}
+	subText, hasSub, e := single(r, streamcore.HdrForkSubOffset)
+	if e != nil {
+		return nil, e
+	}
+	if !hasFrom {
+		if hasOff || hasSub {
+			return nil, badHeader("Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From")
+		}
+		return nil, nil
+	}
+	key, e := keyForPath(from)
+	if e != nil {
+		return nil, e
+	}
+	f := &streamcore.ForkSpec{Source: key}
+	if hasOff {
+		off, err := streamcore.ParseOffset(offText)
+		if err != nil {
+			return nil, badHeader("Stream-Fork-Offset: %s", err.Error())
+		}
+		f.Offset, f.HasOffset = off, true
+	}
+	if hasSub {
+		n, ok := parseSafeInt(subText)
+		if !ok {
+			return nil, badHeader("Stream-Fork-Sub-Offset must be a non-negative integer")
+		}
+		if n > 0 && !hasOff {
+			return nil, badHeader("Stream-Fork-Sub-Offset needs Stream-Fork-Offset")
+		}
+		f.SubOffset = n
+	}
+	return f, nil
+}
+
+func (s *Server) handleAppend(w http.ResponseWriter, r *http.Request, t *target) {
+	if r.Header.Get(streamcore.HdrRecordMatch) != "" {
+		s.writeError(w, r, badHeader("Stream-Record-Match was removed"))
+		return
+	}
+	ph, e := parseProducer(r)
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	inc, e := parseIncarnation(r)
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	seq, e := parseStreamSeq(r)
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	if ph == nil && r.Header.Get(streamcore.HdrProducerDigest) != "" {
+		if _, _, e := single(r, streamcore.HdrProducerDigest); e != nil {
+			s.writeError(w, r, e)
+			return
+		}
+		if !isLowerHex(r.Header.Get(streamcore.HdrProducerDigest), 64) {
+			s.writeError(w, r, badHeader("Producer-Digest must be 64 lowercase hex digits (BLAKE3-256 of the body)"))
+			return
+		}
+	}
+	body, e := readBody(w, r)
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	closing := closedFlag(r)
+	var ct string
+	var stored []byte
+	var msgs int
+	var fault *streamcore.Error
+	if len(body) > 0 || !closing {
+		ct, stored, msgs, fault, e = contentOf(r, body, false)
+		if e != nil {
+			s.writeError(w, r, e)
+			return
+		}
+	}
+	c := &streamcore.Command{
+		Op: streamcore.OpAppend, Key: t.key, Now: s.now(), IfIncarnation: inc, WithIncHdr: inc != 0,
+		ContentType: ct, Body: stored, Messages: msgs, Close: closing, StreamSeq: seq,
+		BodyFault: fault, Producer: ph,
+	}
+	if ph != nil && ph.Digest != "" {
+		sum := blake3.Sum256(body)
+		c.DigestBad = hex.EncodeToString(sum[:]) != ph.Digest
+	}
+	res, e := s.propose(r.Context(), c)
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	if res.Err == nil && res.Changed {
+		s.metrics.appendBytes.Add(uint64(len(stored)))
+	}
+	s.writeResult(w, r, t, res)
+}
+
+func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request, t *target) {
+	inc, e := parseIncarnation(r)
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	drainBody(r)
+	res, e := s.propose(r.Context(), &streamcore.Command{Op: streamcore.OpDelete, Key: t.key, Now: s.now(), IfIncarnation: inc})
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	s.writeResult(w, r, t, res)
+}
+
+// SnapshotDigest is the digest of a snapshot: lowercase hex BLAKE3 of
+// (u64 little-endian len(content type) || content type || body) (checklist 21.3).
+func SnapshotDigest(contentType string, body []byte) string {
+	h := blake3.New(32, nil)
+	var n [8]byte
+	l := uint64(len(contentType))
+	for i := 0; i < 8; i++ {
+		n[i] = byte(l >> (8 * i))
+	}
+	h.Write(n[:])
+	h.Write([]byte(contentType))
+	h.Write(body)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func (s *Server) handlePublishSnapshot(w http.ResponseWriter, r *http.Request, t *target, offText string) {
+	if r.Header.Get(streamcore.HdrSnapshotMatch) != "" {
+		s.writeError(w, r, badHeader("Stream-Snapshot-Match was removed"))
+		return
+	}
+	off, err := streamcore.ParseOffset(offText)
+	if err != nil {
+		s.writeError(w, r, streamcore.Errorf(http.StatusBadRequest, streamcore.CodeInvalidOffset, "%s", err.Error()))
+		return
+	}
+	inc, e := parseIncarnation(r)
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	if r.Header.Get(streamcore.HdrSnapshotParts) != "" {
+		s.writeError(w, r, noColdStore())
+		return
+	}
+	ct := streamcore.DefaultContentType
+	if raw := r.Header.Get("Content-Type"); raw != "" {
+		n, ok := streamcore.NormalizeContentType(raw)
+		if !ok {
+			s.writeError(w, r, streamcore.Errorf(http.StatusBadRequest, streamcore.CodeInvalidSnapshot, "snapshot Content-Type is not a valid media type"))
+			return
+		}
+		ct = n
+	}
+	body, e := readBody(w, r)
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	c := &streamcore.Command{
+		Op: streamcore.OpPublishSnapshot, Key: t.key, Now: s.now(), IfIncarnation: inc,
+		Offset: off, SnapshotType: ct, SnapshotDigest: SnapshotDigest(ct, body), Body: body,
+	}
+	res, e := s.propose(r.Context(), c)
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	s.writeResult(w, r, t, res)
+}
+
+func (s *Server) handleRetain(w http.ResponseWriter, r *http.Request, t *target, offText string) {
+	off, err := streamcore.ParseOffset(offText)
+	if err != nil {
+		s.writeError(w, r, streamcore.Errorf(http.StatusBadRequest, streamcore.CodeInvalidOffset, "%s", err.Error()))
+		return
+	}
+	inc, e := parseIncarnation(r)
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	drainBody(r)
+	res, e := s.propose(r.Context(), &streamcore.Command{Op: streamcore.OpRetain, Key: t.key, Now: s.now(), IfIncarnation: inc, Offset: off})
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	s.writeResult(w, r, t, res)
+}
+
+var _ = strconv.Itoa

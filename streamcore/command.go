@@ -1,0 +1,83 @@
+package streamcore
+
+// Op names a command of the per-stream state machine.
+type Op uint8
+
+const (
+	OpCreate Op = iota + 1
+	OpAppend    // append and/or close (Close set, Body empty = close-only)
+	OpDelete
+	OpTouch // renew a sliding TTL on behalf of a read
+	OpPublishSnapshot
+	OpRetain
+)
+
+func (o Op) String() string {
+	switch o {
+	case OpCreate:
+		return "create"
+	case OpAppend:
+		return "append"
+	case OpDelete:
+		return "delete"
+	case OpTouch:
+		return "touch"
+	case OpPublishSnapshot:
+		return "publish_snapshot"
+	case OpRetain:
+		return "retain"
+	}
+	return "unknown"
+}
+
+// Command is one deterministic mutation. Everything apply needs is inside it: the proposing
+// node fills Now, NewIncarnation and the outcome of body checks (normalised JSON, digest
+// comparison) once, so every replica reaches the same state. Commands are plain data so an
+// engine can serialise them (gob/JSON) into a log.
+type Command struct {
+	Op  Op
+	Key string // "bucket/stream"
+	Now int64  // Unix milliseconds, assigned by the proposer
+
+	// IfIncarnation is the Stream-Incarnation precondition (0 = absent).
+	IfIncarnation uint64
+
+	// Create.
+	ContentType    string // normalised; "" = not given
+	TTL            int64  // seconds; -1 = not given
+	ExpiresAt      string // RFC 3339 text as sent; "" = not given
+	ExpiresAtMs    int64
+	NewIncarnation uint64 // token for a stream this command creates
+	Fork           *ForkSpec
+
+	// Create and append.
+	Body       []byte // stored form (JSON already normalised)
+	Messages   int    // JSON messages in Body (0 for non-JSON)
+	Close      bool   // Stream-Closed: true
+	StreamSeq  string // Stream-Seq (already filtered: printable ASCII); "" = absent
+	BodyFault  *Error // content fault found by the proposer (missing type, empty, bad JSON)
+	Producer   *ProducerHeaders
+	DigestBad  bool // Producer-Digest did not match the body
+	WithIncHdr bool // the write carried Stream-Incarnation (epoch floor rules)
+
+	// Snapshot publish and retention.
+	Offset         uint64
+	SnapshotType   string
+	SnapshotDigest string
+}
+
+// ProducerHeaders are the idempotent producer headers of a write.
+type ProducerHeaders struct {
+	ID     string
+	Epoch  uint64
+	Seq    uint64
+	Digest string // Producer-Digest as sent, "" if absent (part of the write's identity)
+}
+
+// ForkSpec makes a create a fork of another stream (Stream-Forked-From and friends).
+type ForkSpec struct {
+	Source    string // key of the source stream
+	Offset    uint64
+	HasOffset bool
+	SubOffset uint64
+}

@@ -1,0 +1,7 @@
+// Runs the official Durable Streams conformance suite against CONFORMANCE_TEST_URL.
+// The suite's own CLI finds no test files under node_modules, so this file is the entry point.
+import { runConformanceTests } from "@durable-streams/server-conformance-tests"
+
+const baseUrl = process.env.CONFORMANCE_TEST_URL
+if (!baseUrl) throw new Error("CONFORMANCE_TEST_URL is required (e.g. http://127.0.0.1:4437/v1/stream)")
+runConformanceTests({ baseUrl })
