@@ -27,6 +27,7 @@ type view struct {
 	start     uint64 // resolved read offset
 	end       uint64 // just past the returned bytes
 	data      [][]byte
+	jsonArray bool // compat family: JSON reads are one JSON array of whole messages
 }
 
 func (v *view) isJSON() bool { return streamcore.IsJSON(v.ct) }
@@ -45,7 +46,7 @@ type readQuery struct {
 
 var removedReadParams = []string{"record", "tail_records", "max_records", "record_view"}
 
-func parseReadQuery(q url.Values) (*readQuery, *streamcore.Error) {
+func parseReadQuery(q url.Values, compat bool) (*readQuery, *streamcore.Error) {
 	rq := &readQuery{off: streamcore.ReadOffset{Start: true}, maxBytes: streamcore.MaxReadBytes, timeout: streamcore.DefaultLongPollMs * time.Millisecond}
 	for _, p := range removedReadParams {
 		if q.Has(p) {
@@ -53,7 +54,7 @@ func parseReadQuery(q url.Values) (*readQuery, *streamcore.Error) {
 		}
 	}
 	if q.Has("offset") {
-		o, err := streamcore.ParseReadOffset(q.Get("offset"))
+		o, err := parseReadOffset(q.Get("offset"), compat)
 		if err != nil {
 			return nil, streamcore.Errorf(http.StatusBadRequest, streamcore.CodeInvalidOffset, "%s", err.Error())
 		}
@@ -141,6 +142,10 @@ func (s *Server) look(t *target, off streamcore.ReadOffset, maxBytes uint64, inc
 			return
 		}
 		v.end = min(v.tail, v.start+maxBytes)
+		if t.compat && str.IsJSON() {
+			v.jsonArray = true
+			v.end = wholeMessages(str, v.start, v.end)
+		}
 		v.data = str.Data.Slices(v.start, v.end)
 	})
 	if e == nil && inc != 0 && inc != v.inc {
@@ -148,6 +153,77 @@ func (s *Server) look(t *target, off streamcore.ReadOffset, maxBytes uint64, inc
 			With(streamcore.HdrIncarnation, u64(v.inc))
 	}
 	return v, e
+}
+
+// wholeMessages moves end back to the last message boundary in (start, end], or forward
+// to the end of the first message when the window holds no whole message.
+func wholeMessages(str *streamcore.Stream, start, end uint64) uint64 {
+	if end == start || end == str.Tail() {
+		return end
+	}
+	for e := end; e > start; e-- {
+		if str.Data.ByteAt(e-1) == '\n' {
+			return e
+		}
+	}
+	for e := end; e < str.Tail(); e++ {
+		if str.Data.ByteAt(e) == '\n' {
+			return e + 1
+		}
+	}
+	return str.Tail()
+}
+
+// jsonArrayOf renders stored messages (each ending in LF) as one JSON array.
+func jsonArrayOf(data [][]byte) []byte {
+	n := 2
+	for _, p := range data {
+		n += len(p)
+	}
+	out := make([]byte, 0, n)
+	out = append(out, '[')
+	for _, p := range data {
+		out = append(out, p...)
+	}
+	if out[len(out)-1] == '\n' {
+		out = out[:len(out)-1]
+	}
+	for i := 1; i < len(out); i++ {
+		if out[i] == '\n' {
+			out[i] = ','
+		}
+	}
+	return append(out, ']')
+}
+
+// parseReadOffset accepts the 20-digit form and the sentinels; the compatibility family
+// also accepts the reference server's "READSEQ_BYTEOFFSET" form, whose byte part is the
+// position.
+func parseReadOffset(s string, compat bool) (streamcore.ReadOffset, error) {
+	if compat {
+		if pos, ok := compatOffset(s); ok {
+			return streamcore.ReadOffset{Pos: pos}, nil
+		}
+	}
+	return streamcore.ParseReadOffset(s)
+}
+
+func compatOffset(s string) (uint64, bool) {
+	a, b, ok := strings.Cut(s, "_")
+	if !ok || a == "" || b == "" || len(a) > 20 || len(b) > 20 || !allDigits(a) || !allDigits(b) {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(b, 10, 64)
+	return v, err == nil
+}
+
+func allDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 func gone(v *view) *streamcore.Error {
@@ -235,7 +311,7 @@ func etagMatches(r *http.Request, etag string) bool {
 }
 
 func (s *Server) handleRead(w http.ResponseWriter, r *http.Request, t *target) {
-	rq, e := parseReadQuery(r.URL.Query())
+	rq, e := parseReadQuery(r.URL.Query(), t.compat)
 	if e != nil {
 		s.writeError(w, r, e)
 		return
@@ -268,7 +344,18 @@ func (s *Server) handleRead(w http.ResponseWriter, r *http.Request, t *target) {
 // writeData answers a read with the bytes of v (catch-up and long-poll 200).
 func (s *Server) writeData(w http.ResponseWriter, r *http.Request, v *view, noETag bool, cursor string) {
 	h := w.Header()
-	h.Set("Content-Type", streamcore.ReadContentType(v.ct))
+	body := v.data
+	n := v.end - v.start
+	if v.jsonArray {
+		h.Set("Content-Type", v.ct)
+		arr := jsonArrayOf(v.data)
+		if n == 0 {
+			arr = []byte("[]")
+		}
+		body, n = [][]byte{arr}, uint64(len(arr))
+	} else {
+		h.Set("Content-Type", streamcore.ReadContentType(v.ct))
+	}
 	h.Set(streamcore.HdrStreamNextOff, streamcore.FormatOffset(v.end))
 	h.Set(streamcore.HdrIncarnation, u64(v.inc))
 	if v.end == v.tail {
@@ -288,16 +375,15 @@ func (s *Server) writeData(w http.ResponseWriter, r *http.Request, v *view, noET
 			return
 		}
 	}
-	n := v.end - v.start
 	h.Set("Content-Length", strconv.FormatUint(n, 10))
 	w.WriteHeader(http.StatusOK)
 	if r.Method == http.MethodHead {
 		return
 	}
-	for _, p := range v.data {
+	for _, p := range body {
 		w.Write(p)
 	}
-	s.metrics.readBytes.Add(n)
+	s.metrics.readBytes.Add(v.end - v.start)
 }
 
 func (s *Server) handleHead(w http.ResponseWriter, r *http.Request, t *target) {
@@ -452,7 +538,11 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, t *target, rq 
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store, no-cache")
-	h.Set(streamcore.HdrSSEDataType, streamcore.ReadContentType(v.ct))
+	if v.jsonArray {
+		h.Set(streamcore.HdrSSEDataType, v.ct)
+	} else {
+		h.Set(streamcore.HdrSSEDataType, streamcore.ReadContentType(v.ct))
+	}
 	h.Set(streamcore.HdrIncarnation, u64(v.inc))
 	if b64 {
 		h.Set(streamcore.HdrSSEEncoding, "base64")
@@ -480,12 +570,16 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, t *target, rq 
 			w.Write(buf)
 			return
 		}
-		if !b64 {
+		if !b64 && !v.jsonArray {
 			trimText(v, json)
 		}
 		if v.end > v.start {
+			payload := flatten(v.data)
+			if v.jsonArray {
+				payload = jsonArrayOf(v.data)
+			}
 			buf = buf[:0]
-			buf = streamcore.AppendSSEData(buf, flatten(v.data), b64)
+			buf = streamcore.AppendSSEData(buf, payload, b64)
 			buf = streamcore.AppendSSEControl(buf, s.control(v, rq))
 			if _, err := w.Write(buf); err != nil {
 				return

@@ -52,7 +52,7 @@ func (s *Server) createCommand(r *http.Request, t *target, body []byte) (*stream
 	if e != nil {
 		return nil, e
 	}
-	fork, e := parseFork(r)
+	fork, e := parseFork(r, t.compat)
 	if e != nil {
 		return nil, e
 	}
@@ -69,7 +69,7 @@ func (s *Server) createCommand(r *http.Request, t *target, body []byte) (*stream
 }
 
 // parseFork reads Stream-Forked-From, Stream-Fork-Offset and Stream-Fork-Sub-Offset.
-func parseFork(r *http.Request) (*streamcore.ForkSpec, *streamcore.Error) {
+func parseFork(r *http.Request, compat bool) (*streamcore.ForkSpec, *streamcore.Error) {
 	from, hasFrom, e := single(r, streamcore.HdrForkedFrom)
 	if e != nil {
 		return nil, e
@@ -94,11 +94,11 @@ func parseFork(r *http.Request) (*streamcore.ForkSpec, *streamcore.Error) {
 	}
 	f := &streamcore.ForkSpec{Source: key}
 	if hasOff {
-		off, err := streamcore.ParseOffset(offText)
-		if err != nil {
-			return nil, badHeader("Stream-Fork-Offset: %s", err.Error())
+		ro, err := parseReadOffset(offText, compat)
+		if err != nil || ro.Start || ro.Now {
+			return nil, badHeader("Stream-Fork-Offset must be an offset token")
 		}
-		f.Offset, f.HasOffset = off, true
+		f.Offset, f.HasOffset = ro.Pos, true
 	}
 	if hasSub {
 		n, ok := parseSafeInt(subText)

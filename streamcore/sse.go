@@ -23,7 +23,8 @@ const base64Line = 1024
 // line per LF-separated segment (an empty last segment included), with no space after the
 // colon, so the standard parser's LF-join gives the payload back byte for byte. Binary
 // payloads are base64 (RFC 4648, padded), split over lines of base64Line characters.
-// Text payloads must not contain CR: a CR would end an SSE line.
+// A CR or CRLF in text also ends a data: line (as in the reference server), so a payload
+// can never inject an event; such bytes arrive as LF, the one lossy case of text SSE.
 func AppendSSEData(dst, payload []byte, b64 bool) []byte {
 	dst = append(dst, "event: data\n"...)
 	if b64 {
@@ -42,7 +43,7 @@ func AppendSSEData(dst, payload []byte, b64 bool) []byte {
 		return append(dst, '\n')
 	}
 	for {
-		i := bytes.IndexByte(payload, '\n')
+		i := bytes.IndexAny(payload, "\r\n")
 		dst = append(dst, "data:"...)
 		if i < 0 {
 			dst = append(dst, payload...)
@@ -51,6 +52,9 @@ func AppendSSEData(dst, payload []byte, b64 bool) []byte {
 		}
 		dst = append(dst, payload[:i]...)
 		dst = append(dst, '\n')
+		if payload[i] == '\r' && i+1 < len(payload) && payload[i+1] == '\n' {
+			i++
+		}
 		payload = payload[i+1:]
 	}
 	return append(dst, '\n')
