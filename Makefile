@@ -8,7 +8,6 @@ export GOFLAGS := -buildvcs=false
 
 build:
 	$(GO) build -o $(BIN)/ursula ./cmd/ursula
-	$(GO) build -o $(BIN)/ursula-bench ./cmd/ursula-bench
 
 ## run: start the server on $(ADDR) (memory engine)
 run: build
@@ -36,6 +35,7 @@ conformance: build conformance-deps
 
 ## bench: side-by-side load benchmark against the reference Node server
 bench: build conformance-deps
+	$(GO) build -o $(BIN)/ursula-bench ./cmd/ursula-bench
 	test/bench/run.sh
 
 ## fuzz: run every fuzz target for FUZZTIME each

@@ -20,8 +20,9 @@ type SSEControl struct {
 const base64Line = 1024
 
 // AppendSSEData appends an `event: data` carrying payload. Text is framed as one data:
-// line per LF-separated segment (an empty last segment included), with no space after the
-// colon, so the standard parser's LF-join gives the payload back byte for byte. Binary
+// line per LF-separated segment (an empty last segment included), each after "data: ":
+// the standard parser strips exactly that one space and LF-joins the lines, so the payload
+// comes back byte for byte, even segments that start with a space. Binary
 // payloads are base64 (RFC 4648, padded), split over lines of base64Line characters.
 // A CR or CRLF in text also ends a data: line (as in the reference server), so a payload
 // can never inject an event; such bytes arrive as LF, the one lossy case of text SSE.
@@ -35,7 +36,7 @@ func AppendSSEData(dst, payload []byte, b64 bool) []byte {
 		}
 		for len(enc) > 0 {
 			n := min(len(enc), base64Line)
-			dst = append(dst, "data:"...)
+			dst = append(dst, "data: "...)
 			dst = append(dst, enc[:n]...)
 			dst = append(dst, '\n')
 			enc = enc[n:]
@@ -44,7 +45,7 @@ func AppendSSEData(dst, payload []byte, b64 bool) []byte {
 	}
 	for {
 		i := bytes.IndexAny(payload, "\r\n")
-		dst = append(dst, "data:"...)
+		dst = append(dst, "data: "...)
 		if i < 0 {
 			dst = append(dst, payload...)
 			dst = append(dst, '\n')
@@ -63,14 +64,14 @@ func AppendSSEData(dst, payload []byte, b64 bool) []byte {
 // AppendSSEControl appends an `event: control` with c as one line of JSON.
 func AppendSSEControl(dst []byte, c SSEControl) []byte {
 	b, _ := json.Marshal(c)
-	dst = append(dst, "event: control\ndata:"...)
+	dst = append(dst, "event: control\ndata: "...)
 	dst = append(dst, b...)
 	return append(dst, "\n\n"...)
 }
 
 // AppendSSEError appends an `event: error` whose data is the JSON error body.
 func AppendSSEError(dst []byte, e *Error) []byte {
-	dst = append(dst, "event: error\ndata:"...)
+	dst = append(dst, "event: error\ndata: "...)
 	dst = append(dst, e.Body()...)
 	return append(dst, "\n\n"...)
 }
