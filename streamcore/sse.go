@@ -20,9 +20,8 @@ type SSEControl struct {
 const base64Line = 1024
 
 // AppendSSEData appends an `event: data` carrying payload. Text is framed as one data:
-// line per LF-separated segment (an empty last segment included), each after "data: ":
-// the standard parser strips exactly that one space and LF-joins the lines, so the payload
-// comes back byte for byte, even segments that start with a space. Binary
+// line per LF-separated segment (an empty last segment included); the standard parser's
+// LF-join then gives the payload back byte for byte (see appendDataLine for leading spaces). Binary
 // payloads are base64 (RFC 4648, padded), split over lines of base64Line characters.
 // A CR or CRLF in text also ends a data: line (as in the reference server), so a payload
 // can never inject an event; such bytes arrive as LF, the one lossy case of text SSE.
@@ -36,7 +35,7 @@ func AppendSSEData(dst, payload []byte, b64 bool) []byte {
 		}
 		for len(enc) > 0 {
 			n := min(len(enc), base64Line)
-			dst = append(dst, "data: "...)
+			dst = append(dst, "data:"...)
 			dst = append(dst, enc[:n]...)
 			dst = append(dst, '\n')
 			enc = enc[n:]
@@ -45,14 +44,11 @@ func AppendSSEData(dst, payload []byte, b64 bool) []byte {
 	}
 	for {
 		i := bytes.IndexAny(payload, "\r\n")
-		dst = append(dst, "data: "...)
 		if i < 0 {
-			dst = append(dst, payload...)
-			dst = append(dst, '\n')
+			dst = appendDataLine(dst, payload)
 			break
 		}
-		dst = append(dst, payload[:i]...)
-		dst = append(dst, '\n')
+		dst = appendDataLine(dst, payload[:i])
 		if payload[i] == '\r' && i+1 < len(payload) && payload[i+1] == '\n' {
 			i++
 		}
@@ -61,17 +57,28 @@ func AppendSSEData(dst, payload []byte, b64 bool) []byte {
 	return append(dst, '\n')
 }
 
+// appendDataLine writes "data:" and the line; a line that starts with a space gets one
+// more, because parsers strip exactly one space after the colon.
+func appendDataLine(dst, line []byte) []byte {
+	dst = append(dst, "data:"...)
+	if len(line) > 0 && line[0] == ' ' {
+		dst = append(dst, ' ')
+	}
+	dst = append(dst, line...)
+	return append(dst, '\n')
+}
+
 // AppendSSEControl appends an `event: control` with c as one line of JSON.
 func AppendSSEControl(dst []byte, c SSEControl) []byte {
 	b, _ := json.Marshal(c)
-	dst = append(dst, "event: control\ndata: "...)
+	dst = append(dst, "event: control\ndata:"...)
 	dst = append(dst, b...)
 	return append(dst, "\n\n"...)
 }
 
 // AppendSSEError appends an `event: error` whose data is the JSON error body.
 func AppendSSEError(dst []byte, e *Error) []byte {
-	dst = append(dst, "event: error\ndata: "...)
+	dst = append(dst, "event: error\ndata:"...)
 	dst = append(dst, e.Body()...)
 	return append(dst, "\n\n"...)
 }
