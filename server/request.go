@@ -36,28 +36,29 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *streamcore.Error
 	if r.ContentLength == 0 {
 		return nil, nil
 	}
-	var buf []byte
-	if r.ContentLength > 0 {
-		buf = make([]byte, 0, r.ContentLength)
-	}
 	lr := http.MaxBytesReader(w, r.Body, streamcore.MaxRequestBytes)
-	for {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-		n, err := lr.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			return buf, nil
-		}
-		if err != nil {
-			var mbe *http.MaxBytesError
-			if errors.As(err, &mbe) {
-				return nil, tooLarge(false)
+	var buf []byte
+	var err error
+	if r.ContentLength > 0 {
+		// Known length: one allocation of exactly that size.
+		buf = make([]byte, r.ContentLength)
+		if _, err = io.ReadFull(lr, buf); err == nil {
+			var one [1]byte
+			if n, _ := lr.Read(one[:]); n > 0 {
+				err = errors.New("body longer than Content-Length")
 			}
-			return nil, streamcore.Errorf(http.StatusBadRequest, streamcore.CodeBodyUnreadable, "request body could not be read")
 		}
+	} else {
+		buf, err = io.ReadAll(lr)
 	}
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, tooLarge(false)
+		}
+		return nil, streamcore.Errorf(http.StatusBadRequest, streamcore.CodeBodyUnreadable, "request body could not be read")
+	}
+	return buf, nil
 }
 
 func drainBody(r *http.Request) {

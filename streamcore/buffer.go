@@ -9,7 +9,7 @@ const blockSize = 1 << 20
 type Buffer struct {
 	base   uint64   // offset of blocks[0][0]
 	end    uint64   // tail
-	blocks [][]byte // every block but the last is full (blockSize) unless shared by a fork
+	blocks [][]byte // append-only; every block but the last is full to its capacity
 	starts []uint64 // offset of each block's first byte
 }
 
@@ -19,17 +19,18 @@ func (b *Buffer) End() uint64 { return b.end }
 // Base is the offset of the first byte still held.
 func (b *Buffer) Base() uint64 { return b.base }
 
-// Append adds p at the tail.
+// Append adds p at the tail. Blocks never grow in place: when the last one is full a new
+// one is started, twice as large up to blockSize, so no byte is ever copied twice and
+// slices handed out earlier stay valid.
 func (b *Buffer) Append(p []byte) {
 	for len(p) > 0 {
 		n := len(b.blocks)
-		if n == 0 || len(b.blocks[n-1]) >= blockSize {
-			want := len(p)
-			if want > blockSize {
-				want = blockSize
-			}
+		if n == 0 || len(b.blocks[n-1]) == cap(b.blocks[n-1]) {
 			c := 4096
-			for c < want {
+			if n > 0 {
+				c = min(2*cap(b.blocks[n-1]), blockSize)
+			}
+			for c < len(p) && c < blockSize {
 				c *= 2
 			}
 			b.blocks = append(b.blocks, make([]byte, 0, c))
@@ -37,11 +38,7 @@ func (b *Buffer) Append(p []byte) {
 			n++
 		}
 		last := b.blocks[n-1]
-		room := blockSize - len(last)
-		take := len(p)
-		if take > room {
-			take = room
-		}
+		take := min(len(p), cap(last)-len(last))
 		b.blocks[n-1] = append(last, p[:take]...)
 		b.end += uint64(take)
 		p = p[take:]

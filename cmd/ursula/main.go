@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -41,6 +42,7 @@ Server flags (flags override the config file):
                        cluster_id = "my-cluster"
                        data_dir = "./ursula-data"
                        engine = "memory"
+  --cpuprofile F   write a Go CPU profile to F until shutdown (for performance work)
   --engine NAME    storage engine: "memory" (streams live in process memory and are lost
                    on exit). The persistent raft engine comes with the multi-Raft work.
 
@@ -96,6 +98,7 @@ func runServer(args []string, stderr io.Writer) error {
 	data := fs.String("data", "", "data directory")
 	config := fs.String("config", "", "TOML config file")
 	engine := fs.String("engine", "", "storage engine")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile to this file until shutdown")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -132,6 +135,14 @@ func runServer(args []string, stderr io.Writer) error {
 		return fmt.Errorf("engine %q is not available; this build has: memory", engineName)
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		pprof.StartCPUProfile(f)
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
 	clusterID := fc.Server.ClusterID
 	if clusterID == "" {
 		id, err := loadClusterID(dataDir)
