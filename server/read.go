@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -28,6 +29,7 @@ type view struct {
 	end       uint64 // just past the returned bytes
 	data      [][]byte
 	jsonArray bool // compat family: JSON reads are one JSON array of whole messages
+	pin       any  // keeps the blocks behind data mapped (streamcore.Buffer.Pin)
 }
 
 func (v *view) isJSON() bool { return streamcore.IsJSON(v.ct) }
@@ -147,6 +149,7 @@ func (s *Server) look(t *target, off streamcore.ReadOffset, maxBytes uint64, inc
 			v.end = wholeMessages(str, v.start, v.end)
 		}
 		v.data = str.Data.Slices(v.start, v.end)
+		v.pin = str.Data.Pin()
 	})
 	if e == nil && inc != 0 && inc != v.inc {
 		e = streamcore.Errorf(http.StatusPreconditionFailed, streamcore.CodeIncarnationMismatch, "Stream-Incarnation does not match the stream's current incarnation").
@@ -343,6 +346,7 @@ func (s *Server) handleRead(w http.ResponseWriter, r *http.Request, t *target) {
 
 // writeData answers a read with the bytes of v (catch-up and long-poll 200).
 func (s *Server) writeData(w http.ResponseWriter, r *http.Request, v *view, noETag bool, cursor string) {
+	defer runtime.KeepAlive(v)
 	h := w.Header()
 	body := v.data
 	n := v.end - v.start
@@ -581,7 +585,9 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, t *target, rq 
 			buf = buf[:0]
 			buf = streamcore.AppendSSEData(buf, payload, b64)
 			buf = streamcore.AppendSSEControl(buf, s.control(v, rq))
-			if _, err := w.Write(buf); err != nil {
+			_, err := w.Write(buf)
+			runtime.KeepAlive(v)
+			if err != nil {
 				return
 			}
 			if flusher != nil {

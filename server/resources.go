@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 
@@ -37,6 +38,7 @@ func (s *Server) handleBootstrap(w http.ResponseWriter, r *http.Request, t *targ
 		return
 	}
 	s.renew(r.Context(), t, v)
+	defer runtime.KeepAlive(v)
 	updates := flatten(v.data)
 	json := v.isJSON()
 	if v.end < v.tail {
@@ -61,6 +63,7 @@ func (s *Server) handleBootstrap(w http.ResponseWriter, r *http.Request, t *targ
 			if i := bytes.IndexByte(all, '\n'); i >= 0 {
 				updates = all[:i+1]
 			}
+			defer runtime.KeepAlive(full)
 		}
 	}
 	p := v.start + uint64(len(updates))
@@ -262,6 +265,7 @@ func (s *Server) handleImmutable(w http.ResponseWriter, r *http.Request, t *targ
 		s.writeError(w, r, e)
 		return
 	}
+	defer runtime.KeepAlive(v)
 	s.renew(r.Context(), t, v)
 	h := w.Header()
 	kindTag := "o"

@@ -11,6 +11,7 @@ type Buffer struct {
 	end    uint64   // tail
 	blocks [][]byte // append-only; every block but the last is full to its capacity
 	starts []uint64 // offset of each block's first byte
+	arenas []*arena // owner of each block (nil: Go heap)
 }
 
 // End is the offset just past the last byte.
@@ -33,8 +34,10 @@ func (b *Buffer) Append(p []byte) {
 			for c < len(p) && c < blockSize {
 				c *= 2
 			}
-			b.blocks = append(b.blocks, make([]byte, 0, c))
+			blk, a := allocBlock(c)
+			b.blocks = append(b.blocks, blk)
 			b.starts = append(b.starts, b.end)
+			b.arenas = append(b.arenas, a)
 			n++
 		}
 		last := b.blocks[n-1]
@@ -45,8 +48,13 @@ func (b *Buffer) Append(p []byte) {
 	}
 }
 
+// Pin returns a value that keeps every block of the buffer mapped while it is reachable.
+// Whoever keeps slices from Slices after releasing the lock that guards the buffer must
+// keep a Pin alongside them.
+func (b *Buffer) Pin() any { return b.arenas }
+
 // Slices returns the bytes [from, to) as sub-slices of the blocks (no copy). The caller
-// must not modify them.
+// must not modify them, and keeps Pin while it uses them.
 func (b *Buffer) Slices(from, to uint64) [][]byte {
 	if from < b.base {
 		from = b.base
@@ -124,6 +132,7 @@ func (b *Buffer) TrimBelow(off uint64) {
 	}
 	b.blocks = append([][]byte(nil), b.blocks[drop:]...)
 	b.starts = append([]uint64(nil), b.starts[drop:]...)
+	b.arenas = append([]*arena(nil), b.arenas[drop:]...)
 	b.base = off
 }
 
@@ -150,6 +159,7 @@ func (b *Buffer) Prefix(to uint64) Buffer {
 		}
 		nb.blocks = append(nb.blocks, blk[:n:n])
 		nb.starts = append(nb.starts, start)
+		nb.arenas = append(nb.arenas, b.arenas[i])
 		nb.end = start + n
 	}
 	return nb
