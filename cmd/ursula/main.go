@@ -144,6 +144,9 @@ func runServer(args []string, stderr io.Writer) error {
 		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
 	clusterID := fc.Server.ClusterID
+	if clusterID != "" && !validClusterID(clusterID) {
+		return fmt.Errorf("config server.cluster_id %q: use 1 to 64 characters of A-Z a-z 0-9 . _ -", clusterID)
+	}
 	if clusterID == "" {
 		id, err := loadClusterID(dataDir)
 		if err != nil {
@@ -187,14 +190,27 @@ func runServer(args []string, stderr io.Writer) error {
 	return nil
 }
 
+func validClusterID(id string) bool {
+	if len(id) == 0 || len(id) > 64 {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
 // loadClusterID reads DIR/cluster-id, creating it on first start (checklist-protocol 3.5).
 func loadClusterID(dir string) (string, error) {
 	p := filepath.Join(dir, "cluster-id")
 	if b, err := os.ReadFile(p); err == nil {
 		id := strings.TrimSpace(string(b))
-		if id != "" {
-			return id, nil
+		if !validClusterID(id) {
+			return "", fmt.Errorf("%s holds %q, which is not a valid cluster id; fix or remove the file", p, id)
 		}
+		return id, nil
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("data directory: %w", err)
