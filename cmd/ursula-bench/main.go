@@ -1,0 +1,803 @@
+// Command ursula-bench is the load generator of the side-by-side benchmark: it measures
+// append latency and throughput and SSE fan-out delivery latency against any Durable
+// Streams server, and compares runs.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/ursula-go/ursula/streamcore"
+)
+
+const usage = `ursula-bench: load generator for Durable Streams servers.
+
+Usage:
+  ursula-bench --url BASE [--label NAME] [--duration 5s] [--json] [--out FILE] [flags]
+  ursula-bench compare A.json B.json [C.json ...]
+  ursula-bench freeport [N]
+  ursula-bench wait [--timeout 30s] URL
+
+BASE is the URL under which the bench creates its streams, e.g.
+  http://127.0.0.1:4437/bench        (Ursula native API: BASE = /{bucket})
+  http://127.0.0.1:4438/v1/stream    (reference Node server)
+
+Scenarios (--scenarios, comma separated; default all):
+  append-1, append-16, append-64   N concurrent writers, each on its own stream, appending
+                                   --body bytes (application/octet-stream) with idempotent
+                                   producer headers (Producer-Id/Epoch/Seq incrementing);
+                                   latency p50/p99/p99.9 and throughput
+  sse-100                          --sse-readers SSE subscribers on one stream; one writer
+                                   appends timestamped messages at --sse-rate per second;
+                                   delivery latency = receive time - send time
+
+compare prints each scenario of the runs side by side with the ratio of the first run to
+each other run (ops/s: higher is better; latency: lower is better).
+freeport prints N (default 1) free TCP ports on 127.0.0.1; wait polls URL until any HTTP
+answer comes.
+
+Flags:
+`
+
+type config struct {
+	url        string
+	label      string
+	duration   time.Duration
+	warmup     time.Duration
+	scenarios  string
+	bodySize   int
+	sseReaders int
+	sseRate    int
+	jsonOut    bool
+	outFile    string
+}
+
+// Run is the JSON document of one bench run.
+type Run struct {
+	Label      string    `json:"label"`
+	URL        string    `json:"url"`
+	Started    time.Time `json:"started"`
+	GoMaxProcs int       `json:"gomaxprocs"`
+	NumCPU     int       `json:"num_cpu"`
+	Results    []Result  `json:"results"`
+}
+
+// Result is one scenario of a run.
+type Result struct {
+	Scenario    string  `json:"scenario"`
+	Concurrency int     `json:"concurrency"` // writers, or SSE readers
+	Seconds     float64 `json:"seconds"`     // measured window
+	Ops         int64   `json:"ops"`         // appends acknowledged, or SSE deliveries
+	Errors      int64   `json:"errors"`      // failed requests, or deliveries missing at the end
+	OpsPerSec   float64 `json:"ops_per_sec"`
+	MBPerSec    float64 `json:"mb_per_sec,omitempty"`
+	Sent        int64   `json:"sent,omitempty"` // SSE: messages appended in the window
+	P50Ms       float64 `json:"p50_ms"`
+	P99Ms       float64 `json:"p99_ms"`
+	P999Ms      float64 `json:"p999_ms"`
+	MaxMs       float64 `json:"max_ms"`
+	MeanMs      float64 `json:"mean_ms"`
+	FirstError  string  `json:"first_error,omitempty"`
+}
+
+func main() {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "compare":
+			os.Exit(compare(os.Args[2:]))
+		case "freeport":
+			os.Exit(freeport(os.Args[2:]))
+		case "wait":
+			os.Exit(wait(os.Args[2:]))
+		}
+	}
+	var c config
+	fs := flag.NewFlagSet("ursula-bench", flag.ExitOnError)
+	fs.Usage = func() { fmt.Fprint(os.Stderr, usage); fs.PrintDefaults() }
+	fs.StringVar(&c.url, "url", "", "base URL under which streams are created (required)")
+	fs.StringVar(&c.label, "label", "", "name of this run in tables and JSON (default: host:port)")
+	fs.DurationVar(&c.duration, "duration", 5*time.Second, "measured time per scenario")
+	fs.DurationVar(&c.warmup, "warmup", time.Second, "unmeasured time before each scenario")
+	fs.StringVar(&c.scenarios, "scenarios", "append-1,append-16,append-64,sse-100", "scenarios to run")
+	fs.IntVar(&c.bodySize, "body", 4096, "append body size in bytes")
+	fs.IntVar(&c.sseReaders, "sse-readers", 100, "SSE subscribers in sse-N scenarios given without N")
+	fs.IntVar(&c.sseRate, "sse-rate", 50, "messages per second the SSE writer appends")
+	fs.BoolVar(&c.jsonOut, "json", false, "print the run as JSON instead of a table")
+	fs.StringVar(&c.outFile, "out", "", "also write the run as JSON to this file")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the load generator to this file")
+	fs.Parse(os.Args[1:])
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "ursula-bench: cpuprofile: %v\n", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if c.url == "" || fs.NArg() > 0 {
+		fs.Usage()
+		os.Exit(2)
+	}
+	c.url = strings.TrimRight(c.url, "/")
+	if c.label == "" {
+		if u, err := url.Parse(c.url); err == nil {
+			c.label = u.Host
+		}
+	}
+	if err := runAll(c); err != nil {
+		fmt.Fprintf(os.Stderr, "ursula-bench: %v\n", err)
+		pprof.StopCPUProfile()
+		os.Exit(1)
+	}
+}
+
+func runAll(c config) error {
+	run := Run{Label: c.label, URL: c.url, Started: time.Now().UTC(), GoMaxProcs: runtime.GOMAXPROCS(0), NumCPU: runtime.NumCPU()}
+	b := newBench(c)
+	if !c.jsonOut {
+		printHeader()
+	}
+	for _, s := range strings.Split(c.scenarios, ",") {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		var r Result
+		var err error
+		switch {
+		case strings.HasPrefix(s, "append-"):
+			n, perr := strconv.Atoi(strings.TrimPrefix(s, "append-"))
+			if perr != nil || n < 1 {
+				return fmt.Errorf("bad scenario %q", s)
+			}
+			r, err = b.appendScenario(s, n)
+		case s == "sse" || strings.HasPrefix(s, "sse-"):
+			n := c.sseReaders
+			if s != "sse" {
+				var perr error
+				if n, perr = strconv.Atoi(strings.TrimPrefix(s, "sse-")); perr != nil || n < 1 {
+					return fmt.Errorf("bad scenario %q", s)
+				}
+			}
+			r, err = b.sseScenario(s, n)
+		default:
+			return fmt.Errorf("unknown scenario %q", s)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", s, err)
+		}
+		run.Results = append(run.Results, r)
+		if !c.jsonOut {
+			printRow(c.label, r)
+		}
+	}
+	doc, _ := json.MarshalIndent(run, "", "  ")
+	if c.jsonOut {
+		os.Stdout.Write(append(doc, '\n'))
+	}
+	if c.outFile != "" {
+		if err := os.WriteFile(c.outFile, append(doc, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ---------------------------------------------------------------------------------------
+
+type bench struct {
+	cfg   config
+	hc    *http.Client
+	runID string
+	body  []byte
+}
+
+func newBench(c config) *bench {
+	tr := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        4096,
+		MaxIdleConnsPerHost: 4096,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+		WriteBufferSize:     16 << 10,
+		ReadBufferSize:      16 << 10,
+	}
+	var id [4]byte
+	rand.Read(id[:])
+	body := make([]byte, c.bodySize)
+	rand.Read(body)
+	return &bench{
+		cfg:   c,
+		hc:    &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
+		runID: hex.EncodeToString(id[:]),
+		body:  body,
+	}
+}
+
+func (b *bench) streamURL(name string) string { return b.cfg.url + "/" + name }
+
+// create makes a stream and returns its tail offset.
+func (b *bench) create(u, contentType string) (string, error) {
+	req, err := http.NewRequest(http.MethodPut, u, nil)
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Content-Type", contentType)
+	resp, err := b.hc.Do(req)
+	if err != nil {
+		return "", err
+	}
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("create %s: %d %s", u, resp.StatusCode, strings.TrimSpace(string(msg)))
+	}
+	return resp.Header.Get(streamcore.HdrStreamNextOff), nil
+}
+
+// phases of a scenario: warmup (unrecorded), measure, stop.
+const (
+	phaseWarmup int32 = iota
+	phaseMeasure
+	phaseStop
+)
+
+// bodyReader is a request body over a shared, read-only byte slice.
+type bodyReader struct {
+	b   []byte
+	off int
+}
+
+func (r *bodyReader) Read(p []byte) (int, error) {
+	if r.off >= len(r.b) {
+		return 0, io.EOF
+	}
+	n := copy(p, r.b[r.off:])
+	r.off += n
+	return n, nil
+}
+
+func (r *bodyReader) Close() error { return nil }
+
+type writerStats struct {
+	lat    []int64 // nanoseconds, measured phase only
+	errors int64
+	first  string
+}
+
+func (b *bench) appendScenario(name string, writers int) (Result, error) {
+	urls := make([]*url.URL, writers)
+	for i := range urls {
+		u := b.streamURL(fmt.Sprintf("b%s-%s-w%d", b.runID, name, i))
+		if _, err := b.create(u, "application/octet-stream"); err != nil {
+			return Result{}, err
+		}
+		pu, err := url.Parse(u)
+		if err != nil {
+			return Result{}, err
+		}
+		urls[i] = pu
+	}
+	var phase atomic.Int32
+	stats := make([]writerStats, writers)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range writers {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			st := &stats[i]
+			st.lat = make([]int64, 0, 1<<14)
+			u := urls[i]
+			pid := []string{fmt.Sprintf("bench-%s-%d", b.runID, i)}
+			epoch := []string{"0"}
+			ct := []string{"application/octet-stream"}
+			seqBuf := make([]byte, 0, 20)
+			<-start
+			for seq := uint64(0); ; seq++ {
+				p := phase.Load()
+				if p == phaseStop {
+					return
+				}
+				seqBuf = strconv.AppendUint(seqBuf[:0], seq, 10)
+				body := &bodyReader{b: b.body}
+				req := &http.Request{
+					Method: http.MethodPost, URL: u, Host: u.Host,
+					Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+					Header: http.Header{
+						"Content-Type":   ct,
+						"Producer-Id":    pid,
+						"Producer-Epoch": epoch,
+						"Producer-Seq":   {string(seqBuf)},
+					},
+					Body: body, ContentLength: int64(len(b.body)),
+					GetBody: func() (io.ReadCloser, error) { return &bodyReader{b: b.body}, nil },
+				}
+				t0 := time.Now()
+				resp, err := b.hc.Do(req)
+				if err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+				lat := time.Since(t0)
+				if err == nil && (resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusNoContent) {
+					if p == phaseMeasure {
+						st.lat = append(st.lat, int64(lat))
+					}
+					continue
+				}
+				st.errors++
+				// Resend this seq (an unknown outcome repeats its key), or resync to the
+				// seq the server expects after a gap.
+				if err == nil && resp.StatusCode == http.StatusConflict {
+					if exp, perr := strconv.ParseUint(resp.Header.Get(streamcore.HdrProducerExpectedSeq), 10, 64); perr == nil {
+						seq = exp
+					}
+				}
+				seq--
+				if st.first == "" {
+					if err != nil {
+						st.first = err.Error()
+					} else {
+						st.first = fmt.Sprintf("append answered %d", resp.StatusCode)
+					}
+				}
+				if err != nil {
+					time.Sleep(10 * time.Millisecond) // do not spin on a dead server
+				}
+			}
+		}(i)
+	}
+	close(start)
+	time.Sleep(b.cfg.warmup)
+	phase.Store(phaseMeasure)
+	t0 := time.Now()
+	time.Sleep(b.cfg.duration)
+	phase.Store(phaseStop)
+	secs := time.Since(t0).Seconds()
+	wg.Wait()
+
+	var all []int64
+	r := Result{Scenario: name, Concurrency: writers, Seconds: secs}
+	for i := range stats {
+		all = append(all, stats[i].lat...)
+		r.Errors += stats[i].errors
+		if r.FirstError == "" {
+			r.FirstError = stats[i].first
+		}
+	}
+	r.Ops = int64(len(all))
+	r.OpsPerSec = float64(r.Ops) / secs
+	r.MBPerSec = r.OpsPerSec * float64(len(b.body)) / 1e6
+	fillLatency(&r, all)
+	return r, nil
+}
+
+// sseScenario: readers subscribe to one text/plain stream; one writer appends
+// "<unix nanos>\n" messages at cfg.sseRate per second.
+func (b *bench) sseScenario(name string, readers int) (Result, error) {
+	u := b.streamURL(fmt.Sprintf("b%s-%s", b.runID, name))
+	tail, err := b.create(u, "text/plain")
+	if err != nil {
+		return Result{}, err
+	}
+	if tail == "" {
+		tail = "now"
+	}
+	var measureFrom atomic.Int64 // unix nanos; messages sent before are warmup
+	measureFrom.Store(1<<63 - 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	type readerStats struct {
+		lat []int64
+		got atomic.Int64 // measured messages received
+		err error
+	}
+	stats := make([]readerStats, readers)
+	var ready, done sync.WaitGroup
+	for i := range readers {
+		ready.Add(1)
+		done.Add(1)
+		go func(st *readerStats) {
+			defer done.Done()
+			readySignalled := false
+			signal := func() {
+				if !readySignalled {
+					readySignalled = true
+					ready.Done()
+				}
+			}
+			defer signal()
+			st.lat = make([]int64, 0, 1<<12)
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, u+"?offset="+url.QueryEscape(tail)+"&live=sse", nil)
+			if err != nil {
+				st.err = err
+				return
+			}
+			req.Header.Set("Accept", "text/event-stream")
+			resp, err := b.hc.Do(req)
+			if err != nil {
+				st.err = err
+				return
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				st.err = fmt.Errorf("subscribe answered %d", resp.StatusCode)
+				return
+			}
+			b64 := strings.EqualFold(resp.Header.Get(streamcore.HdrSSEEncoding), "base64")
+			sr := streamcore.NewSSEReader(resp.Body)
+			for {
+				ev, err := sr.Next()
+				now := time.Now().UnixNano()
+				if err != nil {
+					if ctx.Err() == nil {
+						st.err = err
+					}
+					return
+				}
+				switch ev.Type {
+				case "control":
+					signal()
+				case "data":
+					data, err := streamcore.DecodeSSEData(ev, b64)
+					if err != nil {
+						st.err = err
+						return
+					}
+					from := measureFrom.Load()
+					for len(data) > 0 {
+						line := data
+						if i := indexByte(data, '\n'); i >= 0 {
+							line, data = data[:i], data[i+1:]
+						} else {
+							data = nil
+						}
+						ts, ok := parseInt(line)
+						if !ok || ts < from {
+							continue
+						}
+						st.lat = append(st.lat, now-ts)
+						st.got.Add(1)
+					}
+				case "error":
+					st.err = fmt.Errorf("error event: %s", ev.Data)
+					return
+				}
+			}
+		}(&stats[i])
+	}
+	ready.Wait()
+	for i := range stats {
+		if stats[i].err != nil {
+			return Result{}, fmt.Errorf("reader %d: %w", i, stats[i].err)
+		}
+	}
+
+	// The writer: a message every 1/rate seconds; warmup first, then the measured window.
+	pu, err := url.Parse(u)
+	if err != nil {
+		return Result{}, err
+	}
+	var sent, werrs int64
+	var firstErr string
+	interval := time.Second / time.Duration(max(b.cfg.sseRate, 1))
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	begin := time.Now()
+	measureStart := begin.Add(b.cfg.warmup)
+	end := measureStart.Add(b.cfg.duration)
+	measureFrom.Store(measureStart.UnixNano())
+	msg := make([]byte, 0, 24)
+	ct := []string{"text/plain"}
+	for now := begin; now.Before(end); now = <-tick.C {
+		ts := time.Now().UnixNano()
+		msg = strconv.AppendInt(msg[:0], ts, 10)
+		msg = append(msg, '\n')
+		body := &bodyReader{b: msg}
+		req := &http.Request{Method: http.MethodPost, URL: pu, Host: pu.Host, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+			Header: http.Header{"Content-Type": ct}, Body: body, ContentLength: int64(len(msg))}
+		resp, err := b.hc.Do(req)
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		ok := err == nil && resp.StatusCode/100 == 2
+		if ok && ts >= measureStart.UnixNano() {
+			sent++
+		}
+		if !ok {
+			werrs++
+			if firstErr == "" {
+				if err != nil {
+					firstErr = err.Error()
+				} else {
+					firstErr = fmt.Sprintf("append answered %d", resp.StatusCode)
+				}
+			}
+		}
+	}
+	secs := time.Since(measureStart).Seconds()
+
+	// Let the last deliveries arrive (at most 3 s), then end the subscriptions.
+	want := sent * int64(readers)
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		var got int64
+		for i := range stats {
+			got += stats[i].got.Load()
+		}
+		if got >= want {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	done.Wait()
+
+	var all []int64
+	r := Result{Scenario: name, Concurrency: readers, Seconds: secs, Sent: sent, Errors: werrs, FirstError: firstErr}
+	for i := range stats {
+		all = append(all, stats[i].lat...)
+		if stats[i].err != nil && r.FirstError == "" {
+			r.FirstError = stats[i].err.Error()
+		}
+	}
+	r.Ops = int64(len(all))
+	if missing := want - r.Ops; missing > 0 {
+		r.Errors += missing
+		if r.FirstError == "" {
+			r.FirstError = fmt.Sprintf("%d deliveries missing", missing)
+		}
+	}
+	r.OpsPerSec = float64(r.Ops) / secs
+	fillLatency(&r, all)
+	return r, nil
+}
+
+func indexByte(b []byte, c byte) int {
+	for i, x := range b {
+		if x == c {
+			return i
+		}
+	}
+	return -1
+}
+
+func parseInt(b []byte) (int64, bool) {
+	if len(b) == 0 || len(b) > 19 {
+		return 0, false
+	}
+	var v int64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		v = v*10 + int64(c-'0')
+	}
+	return v, true
+}
+
+func fillLatency(r *Result, lat []int64) {
+	if len(lat) == 0 {
+		return
+	}
+	slices.Sort(lat)
+	ms := func(ns int64) float64 { return float64(ns) / 1e6 }
+	pct := func(q float64) int64 {
+		i := int(q*float64(len(lat))+0.999999) - 1
+		return lat[min(max(i, 0), len(lat)-1)]
+	}
+	var sum float64
+	for _, v := range lat {
+		sum += float64(v)
+	}
+	r.P50Ms, r.P99Ms, r.P999Ms = ms(pct(0.50)), ms(pct(0.99)), ms(pct(0.999))
+	r.MaxMs = ms(lat[len(lat)-1])
+	r.MeanMs = sum / float64(len(lat)) / 1e6
+}
+
+// ---------------------------------------------------------------------------------------
+// Output
+
+// Rows print as each scenario ends, so the columns have fixed widths.
+const rowFormat = "%-12s %-10s %5v %9v %9v %7v %9v %9v %9v %9v %7v\n"
+
+func printHeader() {
+	fmt.Printf(rowFormat, "label", "scenario", "conc", "ops", "ops/s", "MB/s", "p50", "p99", "p99.9", "max", "errors")
+}
+
+func printRow(label string, r Result) {
+	mb := "-"
+	if r.MBPerSec > 0 {
+		mb = fmt.Sprintf("%.2f", r.MBPerSec)
+	}
+	fmt.Printf(rowFormat, label, r.Scenario, r.Concurrency, r.Ops, fmt.Sprintf("%.0f", r.OpsPerSec), mb,
+		fmtMs(r.P50Ms), fmtMs(r.P99Ms), fmtMs(r.P999Ms), fmtMs(r.MaxMs), r.Errors)
+	if r.FirstError != "" {
+		fmt.Fprintf(os.Stderr, "  %s %s: first error: %s\n", label, r.Scenario, r.FirstError)
+	}
+}
+
+func fmtMs(v float64) string {
+	switch {
+	case v == 0:
+		return "-"
+	case v < 1:
+		return fmt.Sprintf("%.3fms", v)
+	case v < 100:
+		return fmt.Sprintf("%.2fms", v)
+	}
+	return fmt.Sprintf("%.0fms", v)
+}
+
+func compare(args []string) int {
+	if len(args) < 2 {
+		fmt.Fprint(os.Stderr, "usage: ursula-bench compare A.json B.json [C.json ...]\n")
+		return 2
+	}
+	runs := make([]Run, len(args))
+	for i, p := range args {
+		b, err := os.ReadFile(p)
+		if err == nil {
+			err = json.Unmarshal(b, &runs[i])
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "ursula-bench compare: %s: %v\n", p, err)
+			return 1
+		}
+		if runs[i].Label == "" {
+			runs[i].Label = p
+		}
+	}
+	var order []string
+	seen := map[string]bool{}
+	for _, r := range runs {
+		for _, res := range r.Results {
+			if !seen[res.Scenario] {
+				seen[res.Scenario] = true
+				order = append(order, res.Scenario)
+			}
+		}
+	}
+	find := func(r Run, s string) (Result, bool) {
+		for _, res := range r.Results {
+			if res.Scenario == s {
+				return res, true
+			}
+		}
+		return Result{}, false
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "scenario\tmetric\t")
+	for _, r := range runs {
+		fmt.Fprintf(tw, "%s\t", r.Label)
+	}
+	for _, r := range runs[1:] {
+		fmt.Fprintf(tw, "%s/%s\t", runs[0].Label, r.Label)
+	}
+	fmt.Fprintln(tw)
+	type metric struct {
+		name string
+		get  func(Result) float64
+		ms   bool
+	}
+	metrics := []metric{
+		{"ops/s", func(r Result) float64 { return r.OpsPerSec }, false},
+		{"p50", func(r Result) float64 { return r.P50Ms }, true},
+		{"p99", func(r Result) float64 { return r.P99Ms }, true},
+		{"p99.9", func(r Result) float64 { return r.P999Ms }, true},
+		{"errors", func(r Result) float64 { return float64(r.Errors) }, false},
+	}
+	for _, s := range order {
+		for _, m := range metrics {
+			fmt.Fprintf(tw, "%s\t%s\t", s, m.name)
+			vals := make([]float64, len(runs))
+			oks := make([]bool, len(runs))
+			for i, r := range runs {
+				res, ok := find(r, s)
+				vals[i], oks[i] = m.get(res), ok
+				switch {
+				case !ok:
+					fmt.Fprint(tw, "-\t")
+				case m.ms:
+					fmt.Fprintf(tw, "%s\t", fmtMs(vals[i]))
+				default:
+					fmt.Fprintf(tw, "%.0f\t", vals[i])
+				}
+			}
+			for i := 1; i < len(runs); i++ {
+				if m.name == "errors" || !oks[0] || !oks[i] || vals[i] == 0 {
+					fmt.Fprint(tw, "-\t")
+					continue
+				}
+				fmt.Fprintf(tw, "%.2fx\t", vals[0]/vals[i])
+			}
+			fmt.Fprintln(tw)
+		}
+	}
+	tw.Flush()
+	fmt.Println("ratios: first run / other run; ops/s higher is better, latency lower is better")
+	return 0
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers for scripts
+
+func freeport(args []string) int {
+	n := 1
+	if len(args) > 0 {
+		v, err := strconv.Atoi(args[0])
+		if err != nil || v < 1 {
+			fmt.Fprint(os.Stderr, "usage: ursula-bench freeport [N]\n")
+			return 2
+		}
+		n = v
+	}
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "ursula-bench freeport: %v\n", err)
+			return 1
+		}
+		ls = append(ls, l)
+		fmt.Println(l.Addr().(*net.TCPAddr).Port)
+	}
+	return 0
+}
+
+func wait(args []string) int {
+	fs := flag.NewFlagSet("wait", flag.ExitOnError)
+	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
+	fs.Parse(args)
+	if fs.NArg() != 1 {
+		fmt.Fprint(os.Stderr, "usage: ursula-bench wait [--timeout 30s] URL\n")
+		return 2
+	}
+	hc := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(*timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		resp, err := hc.Get(fs.Arg(0))
+		if err == nil {
+			resp.Body.Close()
+			return 0
+		}
+		last = err
+		time.Sleep(100 * time.Millisecond)
+	}
+	if last == nil {
+		last = errors.New("timed out")
+	}
+	fmt.Fprintf(os.Stderr, "ursula-bench wait: %s: %v\n", fs.Arg(0), last)
+	return 1
+}
