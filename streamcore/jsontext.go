@@ -1,6 +1,7 @@
 package streamcore
 
 import (
+	"encoding/binary"
 	"net/http"
 	"unicode/utf8"
 )
@@ -13,56 +14,74 @@ import (
 //
 // A body of `[]` is an empty stream when allowEmptyArray (create) and EMPTY_APPEND
 // otherwise. Unpaired surrogate escapes and numbers outside double range are valid. A
-// UTF-8 byte order mark is refused as invalid JSON text (RFC 8259 forbids sending one).
+// UTF-8 byte order mark is refused as invalid JSON text (RFC 8259 forbids sending one; a
+// parser MAY ignore it, but storing it or silently dropping bytes is worse than a clear 400).
 // Each message may nest at most MaxJSONDepth deep; the flattened array does not count.
+// Refusals are 400 INVALID_REQUEST (EMPTY_APPEND for `[]`) and name at most a byte position,
+// never body text.
+//
+// One pass, no reflection; the only allocation is the output (at most len(body) bytes).
+// Text between whitespace runs is copied in bulk, so compact input is one copy per message.
 func NormalizeJSON(body []byte, allowEmptyArray bool) (stored []byte, count int, err *Error) {
-	p := jsonParser{in: body, out: make([]byte, 0, len(body)+1)}
-	p.ws()
+	p := jsonParser{in: body}
+	p.skipWS()
 	if p.i >= len(p.in) {
 		return nil, 0, jsonErr("body is empty; it must be JSON text")
 	}
-	if p.in[p.i] == '[' {
-		p.i++
-		p.ws()
-		if p.i < len(p.in) && p.in[p.i] == ']' {
-			p.i++
-			p.ws()
-			if p.i != len(p.in) {
-				return nil, 0, p.fail("unexpected data after the top-level value")
-			}
-			if allowEmptyArray {
-				return nil, 0, nil
-			}
-			return nil, 0, Errorf(http.StatusBadRequest, CodeEmptyAppend, "an empty JSON array appends nothing")
-		}
-		for {
-			if e := p.value(0); e != nil {
-				return nil, 0, e
-			}
-			p.out = append(p.out, '\n')
-			count++
-			p.ws()
-			if p.i >= len(p.in) {
-				return nil, 0, p.fail("unterminated top-level array")
-			}
-			c := p.in[p.i]
-			p.i++
-			if c == ']' {
-				break
-			}
-			if c != ',' {
-				return nil, 0, p.fail("expected ',' or ']' in the top-level array")
-			}
-			p.ws()
-		}
-	} else {
+	if p.in[p.i] != '[' {
+		p.out = make([]byte, 0, len(p.in)-p.i+1)
+		p.mark = p.i
 		if e := p.value(0); e != nil {
 			return nil, 0, e
 		}
+		p.flush()
 		p.out = append(p.out, '\n')
-		count = 1
+		p.skipWS()
+		if p.i != len(p.in) {
+			return nil, 0, p.fail("unexpected data after the top-level value")
+		}
+		return p.out, 1, nil
 	}
-	p.ws()
+	p.i++
+	p.skipWS()
+	if p.i < len(p.in) && p.in[p.i] == ']' {
+		p.i++
+		p.skipWS()
+		if p.i != len(p.in) {
+			return nil, 0, p.fail("unexpected data after the top-level value")
+		}
+		if allowEmptyArray {
+			return nil, 0, nil
+		}
+		return nil, 0, Errorf(http.StatusBadRequest, CodeEmptyAppend, "an empty JSON array appends nothing")
+	}
+	// Each element is followed by ',' or ']' in the input and by one LF in the output, so
+	// the rest of the body bounds the output.
+	p.out = make([]byte, 0, len(p.in)-p.i)
+	for {
+		p.mark = p.i
+		if e := p.value(0); e != nil {
+			return nil, 0, e
+		}
+		p.flush()
+		p.out = append(p.out, '\n')
+		count++
+		p.skipWS()
+		if p.i >= len(p.in) {
+			return nil, 0, p.fail("unterminated top-level array")
+		}
+		c := p.in[p.i]
+		p.i++
+		if c == ']' {
+			break
+		}
+		if c != ',' {
+			p.i--
+			return nil, 0, p.fail("expected ',' or ']' in the top-level array")
+		}
+		p.skipWS()
+	}
+	p.skipWS()
 	if p.i != len(p.in) {
 		return nil, 0, p.fail("unexpected data after the top-level value")
 	}
@@ -73,100 +92,145 @@ func jsonErr(msg string) *Error {
 	return Errorf(http.StatusBadRequest, CodeInvalidRequest, "invalid JSON: %s", msg)
 }
 
+// jsonParser validates in and copies it to out without insignificant whitespace. Bytes
+// in[mark:i] are accepted but not yet copied; whitespace flushes them and moves mark past.
 type jsonParser struct {
-	in  []byte
-	i   int
-	out []byte
+	in   []byte
+	i    int
+	mark int
+	out  []byte
 }
 
 func (p *jsonParser) fail(msg string) *Error {
 	return Errorf(http.StatusBadRequest, CodeInvalidRequest, "invalid JSON at byte %d: %s", p.i, msg)
 }
 
-func (p *jsonParser) ws() {
-	for p.i < len(p.in) {
-		switch p.in[p.i] {
-		case ' ', '\t', '\n', '\r':
-			p.i++
-		default:
-			return
-		}
+func (p *jsonParser) flush() {
+	p.out = append(p.out, p.in[p.mark:p.i]...)
+	p.mark = p.i
+}
+
+func isJSONSpace(c byte) bool { return c <= ' ' && (c == ' ' || c == '\t' || c == '\n' || c == '\r') }
+
+// skipWS skips whitespace outside a message (nothing pending to copy).
+func (p *jsonParser) skipWS() {
+	for p.i < len(p.in) && isJSONSpace(p.in[p.i]) {
+		p.i++
 	}
 }
 
-// value parses one value whose enclosing containers number depth, copying it compactly.
+// ws skips whitespace inside a message, dropping it from the output. The check is small
+// enough to inline; compact input never takes the call.
+func (p *jsonParser) ws() {
+	if p.i < len(p.in) && p.in[p.i] <= ' ' {
+		p.dropWS()
+	}
+}
+
+func (p *jsonParser) dropWS() {
+	if !isJSONSpace(p.in[p.i]) {
+		return // a control character: the caller refuses it
+	}
+	p.flush()
+	p.skipWS()
+	p.mark = p.i
+}
+
+// value parses one value whose enclosing containers number depth.
 func (p *jsonParser) value(depth int) *Error {
 	if p.i >= len(p.in) {
 		return p.fail("unexpected end of input")
 	}
-	switch c := p.in[p.i]; {
-	case c == '{' || c == '[':
-		if depth+1 > MaxJSONDepth {
+	switch c := p.in[p.i]; c {
+	case '"':
+		return p.str()
+	case '{', '[':
+		if depth >= MaxJSONDepth {
 			return Errorf(http.StatusBadRequest, CodeInvalidRequest, "JSON message nests deeper than %d levels", MaxJSONDepth)
 		}
-		return p.container(depth + 1)
-	case c == '"':
-		return p.str()
-	case c == '-' || c >= '0' && c <= '9':
-		return p.number()
-	case c == 't':
+		if c == '{' {
+			return p.object(depth + 1)
+		}
+		return p.array(depth + 1)
+	case 't':
 		return p.literal("true")
-	case c == 'f':
+	case 'f':
 		return p.literal("false")
-	case c == 'n':
+	case 'n':
 		return p.literal("null")
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		return p.number()
 	}
 	return p.fail("unexpected character")
 }
 
-func (p *jsonParser) container(depth int) *Error {
-	open := p.in[p.i]
-	close := byte(']')
-	if open == '{' {
-		close = '}'
-	}
-	p.out = append(p.out, open)
+// object parses {...}; depth counts it.
+func (p *jsonParser) object(depth int) *Error {
 	p.i++
 	p.ws()
-	if p.i < len(p.in) && p.in[p.i] == close {
-		p.out = append(p.out, close)
+	if p.i < len(p.in) && p.in[p.i] == '}' {
 		p.i++
 		return nil
 	}
 	for {
-		if open == '{' {
-			if p.i >= len(p.in) || p.in[p.i] != '"' {
-				return p.fail("expected a string member name")
-			}
-			if e := p.str(); e != nil {
-				return e
-			}
-			p.ws()
-			if p.i >= len(p.in) || p.in[p.i] != ':' {
-				return p.fail("expected ':' after a member name")
-			}
-			p.out = append(p.out, ':')
-			p.i++
-			p.ws()
+		if p.i >= len(p.in) || p.in[p.i] != '"' {
+			return p.fail("expected a string member name")
 		}
+		if e := p.str(); e != nil {
+			return e
+		}
+		p.ws()
+		if p.i >= len(p.in) || p.in[p.i] != ':' {
+			return p.fail("expected ':' after a member name")
+		}
+		p.i++
+		p.ws()
 		if e := p.value(depth); e != nil {
 			return e
 		}
 		p.ws()
 		if p.i >= len(p.in) {
-			return p.fail("unterminated container")
+			return p.fail("unterminated object")
 		}
-		c := p.in[p.i]
-		p.i++
-		if c == close {
-			p.out = append(p.out, close)
+		switch p.in[p.i] {
+		case ',':
+			p.i++
+			p.ws()
+		case '}':
+			p.i++
 			return nil
+		default:
+			return p.fail("expected ',' or '}' in an object")
 		}
-		if c != ',' {
-			return p.fail("expected ',' or the end of the container")
+	}
+}
+
+// array parses [...]; depth counts it.
+func (p *jsonParser) array(depth int) *Error {
+	p.i++
+	p.ws()
+	if p.i < len(p.in) && p.in[p.i] == ']' {
+		p.i++
+		return nil
+	}
+	for {
+		if e := p.value(depth); e != nil {
+			return e
 		}
-		p.out = append(p.out, ',')
 		p.ws()
+		if p.i >= len(p.in) {
+			return p.fail("unterminated array")
+		}
+		switch p.in[p.i] {
+		case ',':
+			p.i++
+			p.ws()
+		case ']':
+			p.i++
+			return nil
+		default:
+			return p.fail("expected ',' or ']' in an array")
+		}
 	}
 }
 
@@ -174,32 +238,31 @@ func (p *jsonParser) literal(word string) *Error {
 	if len(p.in)-p.i < len(word) || string(p.in[p.i:p.i+len(word)]) != word {
 		return p.fail("invalid literal")
 	}
-	p.out = append(p.out, word...)
 	p.i += len(word)
 	return nil
 }
 
-func (p *jsonParser) number() *Error {
+func (p *jsonParser) digits() int {
 	start := p.i
+	for p.i < len(p.in) && p.in[p.i] >= '0' && p.in[p.i] <= '9' {
+		p.i++
+	}
+	return p.i - start
+}
+
+// number checks the RFC 8259 number grammar; the text is kept as written (1e400 too).
+func (p *jsonParser) number() *Error {
 	if p.in[p.i] == '-' {
 		p.i++
 	}
-	digits := func() int {
-		n := 0
-		for p.i < len(p.in) && p.in[p.i] >= '0' && p.in[p.i] <= '9' {
-			p.i++
-			n++
-		}
-		return n
-	}
 	if p.i < len(p.in) && p.in[p.i] == '0' {
 		p.i++
-	} else if digits() == 0 {
+	} else if p.digits() == 0 {
 		return p.fail("invalid number")
 	}
 	if p.i < len(p.in) && p.in[p.i] == '.' {
 		p.i++
-		if digits() == 0 {
+		if p.digits() == 0 {
 			return p.fail("invalid number fraction")
 		}
 	}
@@ -208,53 +271,90 @@ func (p *jsonParser) number() *Error {
 		if p.i < len(p.in) && (p.in[p.i] == '+' || p.in[p.i] == '-') {
 			p.i++
 		}
-		if digits() == 0 {
+		if p.digits() == 0 {
 			return p.fail("invalid number exponent")
 		}
 	}
-	p.out = append(p.out, p.in[start:p.i]...)
 	return nil
 }
 
-func isHex(c byte) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' }
+// strPlain marks the bytes a string literal may contain with no further check: printable
+// ASCII other than '"' and '\\'.
+var strPlain = func() (t [256]bool) {
+	for c := 0x20; c < 0x80; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
 
-// str copies a string literal verbatim after validating escapes and UTF-8.
+const (
+	lsb64 = 0x0101010101010101
+	msb64 = 0x8080808080808080
+)
+
+// plain8 reports whether all 8 bytes of x are strPlain (SWAR: no byte < 0x20, none equal
+// to '"' or '\\', none with the high bit set). Each test detects whether some byte
+// matches exactly (borrows only disturb bytes above a match), so a word with a non-plain
+// byte always falls back to the bytewise loop.
+func plain8(x uint64) bool {
+	q := x ^ (lsb64 * '"')
+	b := x ^ (lsb64 * '\\')
+	lt := (x - lsb64*0x20) &^ x // some byte < 0x20 (exact for ASCII bytes)
+	zq := (q - lsb64) &^ q      // some byte == '"'
+	zb := (b - lsb64) &^ b      // some byte == '\\'
+	return (lt|zq|zb|x)&msb64 == 0
+}
+
+// str validates a string literal (escapes, control characters, UTF-8); the text itself is
+// kept verbatim, so \u escapes of unpaired surrogates pass through untouched.
 func (p *jsonParser) str() *Error {
-	start := p.i
-	p.i++ // opening quote
-	for p.i < len(p.in) {
-		c := p.in[p.i]
-		switch {
+	in := p.in
+	i := p.i + 1 // opening quote
+	for {
+		for i+8 <= len(in) && plain8(binary.LittleEndian.Uint64(in[i:])) {
+			i += 8
+		}
+		for i < len(in) && strPlain[in[i]] {
+			i++
+		}
+		if i >= len(in) {
+			p.i = i
+			return p.fail("unterminated string")
+		}
+		switch c := in[i]; {
 		case c == '"':
-			p.i++
-			p.out = append(p.out, p.in[start:p.i]...)
+			p.i = i + 1
 			return nil
 		case c == '\\':
-			if p.i+1 >= len(p.in) {
+			if i+1 >= len(in) {
+				p.i = i
 				return p.fail("unterminated escape")
 			}
-			switch p.in[p.i+1] {
+			switch in[i+1] {
 			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				p.i += 2
+				i += 2
 			case 'u':
-				if p.i+6 > len(p.in) || !isHex(p.in[p.i+2]) || !isHex(p.in[p.i+3]) || !isHex(p.in[p.i+4]) || !isHex(p.in[p.i+5]) {
+				if i+6 > len(in) || !isHex(in[i+2]) || !isHex(in[i+3]) || !isHex(in[i+4]) || !isHex(in[i+5]) {
+					p.i = i
 					return p.fail("invalid \\u escape")
 				}
-				p.i += 6
+				i += 6
 			default:
+				p.i = i
 				return p.fail("invalid escape")
 			}
 		case c < 0x20:
+			p.i = i
 			return p.fail("control character in a string")
-		case c < 0x80:
-			p.i++
-		default:
-			r, n := utf8.DecodeRune(p.in[p.i:])
+		default: // c >= 0x80
+			r, n := utf8.DecodeRune(in[i:])
 			if r == utf8.RuneError && n <= 1 {
+				p.i = i
 				return p.fail("invalid UTF-8 in a string")
 			}
-			p.i += n
+			i += n
 		}
 	}
-	return p.fail("unterminated string")
 }
+
+func isHex(c byte) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' }

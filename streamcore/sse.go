@@ -68,15 +68,39 @@ func appendDataLine(dst, line []byte) []byte {
 	return append(dst, '\n')
 }
 
-// AppendSSEControl appends an `event: control` with c as one line of JSON.
+// AppendSSEControl appends an `event: control` with c as one line of compact JSON, the
+// bytes json.Marshal gives (hand-written: this follows every data event).
 func AppendSSEControl(dst []byte, c SSEControl) []byte {
-	b, _ := json.Marshal(c)
-	dst = append(dst, "event: control\ndata:"...)
-	dst = append(dst, b...)
-	return append(dst, "\n\n"...)
+	dst = append(dst, "event: control\ndata:{\"streamNextOffset\":"...)
+	dst = appendJSONString(dst, c.StreamNextOffset)
+	if c.StreamCursor != "" {
+		dst = append(dst, `,"streamCursor":`...)
+		dst = appendJSONString(dst, c.StreamCursor)
+	}
+	if c.UpToDate {
+		dst = append(dst, `,"upToDate":true`...)
+	}
+	if c.StreamClosed {
+		dst = append(dst, `,"streamClosed":true`...)
+	}
+	return append(dst, "}\n\n"...)
 }
 
-// AppendSSEError appends an `event: error` whose data is the JSON error body.
+// appendJSONString appends s as json.Marshal would quote it.
+func appendJSONString(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			b, _ := json.Marshal(s)
+			return append(dst, b...)
+		}
+	}
+	dst = append(dst, '"')
+	dst = append(dst, s...)
+	return append(dst, '"')
+}
+
+// AppendSSEError appends an `event: error` whose data is the JSON error body (json.Marshal
+// output, so one line).
 func AppendSSEError(dst []byte, e *Error) []byte {
 	dst = append(dst, "event: error\ndata:"...)
 	dst = append(dst, e.Body()...)
@@ -86,15 +110,20 @@ func AppendSSEError(dst []byte, e *Error) []byte {
 // SSEEvent is one parsed server-sent event.
 type SSEEvent struct {
 	Type string // "message" when the event named none
-	Data []byte
-	ID   string
+	Data []byte // data lines joined with LF; owned by the caller
+	ID   string // the last event ID seen so far (WHATWG: it persists across events)
 }
 
-// SSEReader parses an event stream (the WHATWG rules: CRLF, CR or LF line ends, comment
-// lines, one leading space stripped from values, data lines joined with LF).
+// SSEReader parses an event stream by the WHATWG rules: CRLF, CR or LF line ends, a
+// leading BOM ignored, comment lines (":"), a field without a colon has an empty value,
+// one leading space stripped from values, data lines joined with LF, unknown fields
+// ignored, and an event without any data line is not dispatched.
 type SSEReader struct {
-	r    *bufio.Reader
-	line []byte
+	r       *bufio.Reader
+	line    []byte
+	started bool // the first line (which may carry a BOM) was read
+	skipLF  bool // the last line ended with CR: an LF right after it belongs to it
+	lastID  string
 }
 
 // NewSSEReader reads events from r.
@@ -106,52 +135,73 @@ func NewSSEReader(r io.Reader) *SSEReader {
 	return &SSEReader{r: br}
 }
 
-// readLine returns the next line without its terminator.
+// readLine returns the next line without its terminator; the slice is valid until the
+// next call. A line cut short by EOF is returned as a line; EOF comes on the next call.
+// A CR never waits for the byte after it, so CR-terminated events are not held back.
 func (s *SSEReader) readLine() ([]byte, error) {
 	s.line = s.line[:0]
 	for {
-		b, err := s.r.ReadByte()
-		if err != nil {
+		buf, err := s.r.Peek(max(s.r.Buffered(), 1))
+		if len(buf) == 0 {
 			if err == io.EOF && len(s.line) > 0 {
-				return s.line, nil
+				return s.stripBOM(s.line), nil
 			}
 			return nil, err
 		}
-		switch b {
-		case '\n':
-			return s.line, nil
-		case '\r':
-			if nb, err := s.r.Peek(1); err == nil && nb[0] == '\n' {
-				s.r.ReadByte()
+		if s.skipLF {
+			s.skipLF = false
+			if buf[0] == '\n' {
+				s.r.Discard(1)
+				continue
 			}
-			return s.line, nil
 		}
-		s.line = append(s.line, b)
+		i := bytes.IndexAny(buf, "\r\n")
+		if i < 0 {
+			s.line = append(s.line, buf...)
+			s.r.Discard(len(buf))
+			continue
+		}
+		s.line = append(s.line, buf[:i]...)
+		s.skipLF = buf[i] == '\r'
+		s.r.Discard(i + 1)
+		return s.stripBOM(s.line), nil
 	}
 }
 
-// Next returns the next event, or io.EOF when the stream ended between events.
+func (s *SSEReader) stripBOM(line []byte) []byte {
+	if !s.started {
+		s.started = true
+		line = bytes.TrimPrefix(line, []byte("\xef\xbb\xbf"))
+	}
+	return line
+}
+
+// Next returns the next event, io.EOF when the stream ended between events, or
+// io.ErrUnexpectedEOF when it ended inside one (WHATWG drops such an event).
 func (s *SSEReader) Next() (SSEEvent, error) {
-	var ev SSEEvent
+	var typ string
 	var data []byte
 	hasData := false
 	for {
 		line, err := s.readLine()
 		if err != nil {
-			if err == io.EOF && (hasData || ev.Type != "") {
+			if err == io.EOF && (hasData || typ != "") {
 				return SSEEvent{}, io.ErrUnexpectedEOF
 			}
 			return SSEEvent{}, err
 		}
 		if len(line) == 0 {
-			if !hasData && ev.Type == "" {
-				continue // blank line with no event: ignore
+			if !hasData {
+				typ = "" // nothing to dispatch
+				continue
 			}
-			if ev.Type == "" {
-				ev.Type = "message"
+			if typ == "" {
+				typ = "message"
 			}
-			ev.Data = data
-			return ev, nil
+			if data == nil {
+				data = []byte{}
+			}
+			return SSEEvent{Type: typ, Data: data, ID: s.lastID}, nil
 		}
 		if line[0] == ':' {
 			continue
@@ -165,7 +215,7 @@ func (s *SSEReader) Next() (SSEEvent, error) {
 		}
 		switch string(field) {
 		case "event":
-			ev.Type = string(value)
+			typ = string(value)
 		case "data":
 			if hasData {
 				data = append(data, '\n')
@@ -173,18 +223,20 @@ func (s *SSEReader) Next() (SSEEvent, error) {
 			data = append(data, value...)
 			hasData = true
 		case "id":
-			ev.ID = string(value)
+			if bytes.IndexByte(value, 0) < 0 {
+				s.lastID = string(value)
+			}
 		}
 	}
 }
 
-// DecodeSSEData returns the payload of a data event.
+// DecodeSSEData returns the payload of a data event: its data as is, or decoded from
+// base64 (line breaks between data: lines ignored).
 func DecodeSSEData(ev SSEEvent, b64 bool) ([]byte, error) {
 	if !b64 {
 		return ev.Data, nil
 	}
-	clean := bytes.ReplaceAll(ev.Data, []byte("\n"), nil)
-	out := make([]byte, base64.StdEncoding.DecodedLen(len(clean)))
-	n, err := base64.StdEncoding.Decode(out, clean)
+	out := make([]byte, base64.StdEncoding.DecodedLen(len(ev.Data)))
+	n, err := base64.StdEncoding.Decode(out, ev.Data) // skips '\n' (and '\r')
 	return out[:n], err
 }

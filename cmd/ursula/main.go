@@ -28,10 +28,12 @@ retention, idempotent producers and live reads), the home of replicated SQLite d
 
 Usage:
   ursula server [--listen ADDR] [--data DIR] [--config FILE] [--engine memory]
+  ursula export <stream-url> <out.db> [--at OFFSET]
   ursula help
 
 Commands:
   server   Run the stream server until SIGINT or SIGTERM (graceful: in-flight requests finish).
+  export   Write a plain SQLite file of a replicated database, at the tail or at an offset.
 
 Server flags (flags override the config file):
   --listen ADDR    address to listen on (config server.listen; default 127.0.0.1:4437)
@@ -68,6 +70,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "help", "-h", "--help", "-help":
 		fmt.Fprint(stdout, usage)
+		return 0
+	case "export":
+		if err := runExport(args[1:], stdout, stderr); err != nil {
+			fmt.Fprintf(stderr, "ursula export: %v\n", err)
+			return 1
+		}
 		return 0
 	case "server":
 		if err := runServer(args[1:], stderr); err != nil {

@@ -1,0 +1,171 @@
+package replicator
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+
+	"github.com/ursula-go/ursula/streamcore"
+)
+
+// Image describes a database file rebuilt from its stream.
+type Image struct {
+	PageSize uint32
+	DBPages  uint32
+	Tail     uint64 // stream offset the file reflects: just past the last applied record
+	Epoch    uint64 // highest claimed epoch seen (snapshot header and claim records)
+	Commits  int    // commit records applied after the snapshot
+}
+
+// Progress reports bytes of stream replayed out of the total to replay.
+type Progress func(done, total uint64)
+
+// readChunk is how much of the stream one catch-up read asks for (the server cap).
+const readChunk = streamcore.MaxReadBytes
+
+// Restore writes the database held by the stream at url, as of stream offset at (0 = the
+// tail), to dst: the latest snapshot at or below that offset, then every record up to it.
+// The file is written beside dst and renamed over it, so dst is either the old file or the
+// whole new one; stale -wal and -shm files of dst are removed. at must be a record
+// boundary the stream still retains.
+func Restore(ctx context.Context, c *streamcore.Client, url, dst string, at uint64, maxFrame int, progress Progress) (*Image, error) {
+	info, err := c.Head(ctx, url)
+	if err != nil {
+		return nil, classifyRead(err, "HEAD of the stream")
+	}
+	tail, _ := streamcore.ParseOffset(info.NextOffset)
+	retained, _ := streamcore.ParseOffset(info.RetainedOffset)
+	target := tail
+	if at != 0 {
+		if at > tail {
+			return nil, newError(KindNotFound, ActionFix, nil, "offset %d is beyond the stream tail %d", at, tail)
+		}
+		target = at
+	}
+	tmp := dst + ".ursula-restore"
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		f.Close()
+		if !ok {
+			os.Remove(tmp)
+		}
+	}()
+	img := &Image{}
+	from := uint64(0)
+	if info.SnapshotOffset != "" {
+		snapOff, _ := streamcore.ParseOffset(info.SnapshotOffset)
+		if snapOff <= target {
+			sr, err := c.ReadSnapshot(ctx, url, info.SnapshotOffset)
+			if err != nil {
+				return nil, classifyRead(err, "snapshot read")
+			}
+			h, image, err := DecodeSnapshot(sr.Data, 1<<40)
+			if err != nil {
+				return nil, newError(KindDamaged, ActionStop, err, "snapshot at %d", snapOff)
+			}
+			if _, err := f.WriteAt(image, 0); err != nil {
+				return nil, err
+			}
+			img.PageSize, img.DBPages, img.Epoch, from = h.PageSize, h.DBPages, h.Epoch, snapOff
+		}
+	}
+	if from < retained {
+		return nil, newError(KindNotFound, ActionFix, nil, "offset %d is no longer reconstructible: retention is at %d and the latest snapshot is past it", target, retained)
+	}
+	if err := replay(ctx, c, url, f, img, from, target, maxFrame, progress); err != nil {
+		return nil, err
+	}
+	if err := f.Truncate(int64(img.DBPages) * int64(img.PageSize)); err != nil {
+		return nil, err
+	}
+	if err := f.Sync(); err != nil {
+		return nil, err
+	}
+	os.Remove(dst + "-wal")
+	os.Remove(dst + "-shm")
+	if err := os.Rename(tmp, dst); err != nil {
+		return nil, err
+	}
+	ok = true
+	return img, nil
+}
+
+// replay applies the records in [from, to) to f.
+func replay(ctx context.Context, c *streamcore.Client, url string, f *os.File, img *Image, from, to uint64, maxFrame int, progress Progress) error {
+	var pending []byte // bytes of a record cut by the read window
+	pos := from        // offset of pending[0]
+	next := from       // offset to read next
+	for pos < to {
+		if next >= to && len(pending) > 0 {
+			return newError(KindNotFound, ActionFix, nil, "offset %d is inside a record, not at a commit boundary", to)
+		}
+		n := min(uint64(readChunk), to-next)
+		rr, err := c.Read(ctx, url, streamcore.ReadOptions{Offset: streamcore.FormatOffset(next), MaxBytes: int(n)})
+		if err != nil {
+			return classifyRead(err, "stream read")
+		}
+		if len(rr.Data) == 0 {
+			return newError(KindUnavailable, ActionRetry, nil, "stream read at %d returned nothing before %d", next, to)
+		}
+		next += uint64(len(rr.Data))
+		pending = append(pending, rr.Data...)
+		recs, used, err := DecodeRecords(pending, pos, maxFrame)
+		if err != nil {
+			return newError(KindDamaged, ActionStop, err, "stream record")
+		}
+		for _, r := range recs {
+			if err := apply(f, img, r); err != nil {
+				return err
+			}
+		}
+		pending = append(pending[:0], pending[used:]...)
+		pos += uint64(used)
+		if progress != nil {
+			progress(pos-from, to-from)
+		}
+	}
+	img.Tail = pos
+	return nil
+}
+
+func apply(f *os.File, img *Image, r Record) error {
+	switch r.Kind {
+	case KindClaim:
+		img.Epoch = max(img.Epoch, r.Claim.Epoch)
+	case KindCommit:
+		cm := r.Commit
+		if img.PageSize != 0 && cm.PageSize != img.PageSize {
+			return newError(KindDamaged, ActionStop, nil, "record at %d changes the page size from %d to %d", r.Offset, img.PageSize, cm.PageSize)
+		}
+		img.PageSize, img.DBPages = cm.PageSize, cm.DBPages
+		for _, p := range cm.Pages {
+			if _, err := f.WriteAt(p.Data, int64(p.No-1)*int64(cm.PageSize)); err != nil {
+				return err
+			}
+		}
+		img.Commits++
+	}
+	return nil
+}
+
+// classifyRead turns a client error of a read into a typed error.
+func classifyRead(err error, what string) error {
+	var ce *streamcore.ClientError
+	if e, ok := err.(*streamcore.ClientError); ok {
+		ce = e
+	}
+	if ce != nil && ce.Status == http.StatusNotFound {
+		return newError(KindNotFound, ActionFix, err, "%s: the stream does not exist", what)
+	}
+	if ce != nil && ce.Status >= 400 && ce.Status < 500 {
+		return newError(KindNotApplied, ActionFix, err, "%s refused", what)
+	}
+	return newError(KindUnavailable, ActionRetry, err, "%s failed", what)
+}
+
+var _ = fmt.Sprintf

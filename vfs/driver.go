@@ -1,0 +1,136 @@
+package vfs
+
+import (
+	"context"
+	sqldriver "database/sql/driver"
+	"errors"
+
+	"github.com/ncruces/go-sqlite3"
+	"github.com/ncruces/go-sqlite3/driver"
+)
+
+// The database/sql layer sees SQLite's I/O error codes only. These wrappers of the
+// ncruces driver put the replicator's typed error (*vfs.Error, with its Kind and Action)
+// in front of the SQLite error of a failed commit or read, so callers can errors.As it.
+
+type connector struct {
+	inner    sqldriver.Connector
+	db       *database
+	readOnly bool
+}
+
+func (c *connector) Driver() sqldriver.Driver { return c.inner.Driver() }
+
+func (c *connector) Connect(ctx context.Context) (sqldriver.Conn, error) {
+	conn, err := c.inner.Connect(ctx)
+	if err != nil {
+		return nil, c.db.mapErr(err)
+	}
+	dc := conn.(driver.Conn)
+	if err := setupConn(dc.Raw(), c.readOnly); err != nil {
+		dc.Close()
+		return nil, err
+	}
+	return &conn2{Conn: dc, db: c.db}, nil
+}
+
+// conn2 wraps the driver's connection.
+type conn2 struct {
+	driver.Conn
+	db *database
+}
+
+func (c *conn2) Begin() (sqldriver.Tx, error) {
+	return c.BeginTx(context.Background(), sqldriver.TxOptions{})
+}
+
+func (c *conn2) BeginTx(ctx context.Context, opts sqldriver.TxOptions) (sqldriver.Tx, error) {
+	tx, err := c.Conn.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, c.db.mapErr(err)
+	}
+	return &tx2{Tx: tx, db: c.db}, nil
+}
+
+func (c *conn2) Prepare(query string) (sqldriver.Stmt, error) {
+	return c.PrepareContext(context.Background(), query)
+}
+
+func (c *conn2) PrepareContext(ctx context.Context, query string) (sqldriver.Stmt, error) {
+	st, err := c.Conn.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, c.db.mapErr(err)
+	}
+	return &stmt2{Stmt: st, db: c.db}, nil
+}
+
+func (c *conn2) ExecContext(ctx context.Context, query string, args []sqldriver.NamedValue) (sqldriver.Result, error) {
+	ex, ok := c.Conn.(sqldriver.ExecerContext)
+	if !ok {
+		return nil, sqldriver.ErrSkip
+	}
+	res, err := ex.ExecContext(ctx, query, args)
+	return res, c.db.mapErr(err)
+}
+
+func (c *conn2) CheckNamedValue(nv *sqldriver.NamedValue) error {
+	if ch, ok := c.Conn.(sqldriver.NamedValueChecker); ok {
+		return ch.CheckNamedValue(nv)
+	}
+	return sqldriver.ErrSkip
+}
+
+type tx2 struct {
+	sqldriver.Tx
+	db *database
+}
+
+func (t *tx2) Commit() error { return t.db.mapErr(t.Tx.Commit()) }
+
+type stmt2 struct {
+	sqldriver.Stmt
+	db *database
+}
+
+func (s *stmt2) ExecContext(ctx context.Context, args []sqldriver.NamedValue) (sqldriver.Result, error) {
+	res, err := s.Stmt.(sqldriver.StmtExecContext).ExecContext(ctx, args)
+	return res, s.db.mapErr(err)
+}
+
+func (s *stmt2) QueryContext(ctx context.Context, args []sqldriver.NamedValue) (sqldriver.Rows, error) {
+	rows, err := s.Stmt.(sqldriver.StmtQueryContext).QueryContext(ctx, args)
+	return rows, s.db.mapErr(err)
+}
+
+func (s *stmt2) CheckNamedValue(nv *sqldriver.NamedValue) error {
+	if ch, ok := s.Stmt.(sqldriver.NamedValueChecker); ok {
+		return ch.CheckNamedValue(nv)
+	}
+	return sqldriver.ErrSkip
+}
+
+// mapErr puts the replicator's error in front of an SQLite I/O error it caused.
+func (d *database) mapErr(err error) error {
+	if err == nil || d.replica == nil || !errors.Is(err, sqlite3.IOERR) {
+		return err
+	}
+	cause := d.replica.Usable()
+	if cause == nil {
+		if le := d.replica.LastError(); le != nil {
+			cause = le
+		}
+	}
+	e, ok := asError(cause)
+	if !ok {
+		return err
+	}
+	out := *e
+	out.Err = err
+	return &out
+}
+
+func asError(err error) (*Error, bool) {
+	var e *Error
+	ok := errors.As(err, &e)
+	return e, ok
+}

@@ -1,0 +1,215 @@
+package vfs
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/ncruces/go-sqlite3"
+	"github.com/ncruces/go-sqlite3/driver"
+
+	"github.com/ursula-go/ursula/replicator"
+	"github.com/ursula-go/ursula/streamcore"
+)
+
+// Error is the typed error of a replicated database: errors.As(err, &e) with e a
+// *vfs.Error gives its Kind and Action (retry, reattach, stop, fix).
+type Error = replicator.Error
+
+// Options configure Open.
+type Options struct {
+	// Path of the local database file. Empty: <label>-<hash>.db in the user's cache
+	// directory, named after the stream URL.
+	Path string
+	// ReadOnly rebuilds the file from the stream and opens it without claiming it.
+	ReadOnly bool
+	// Client overrides the HTTP client (tokens, transport).
+	Client *streamcore.Client
+}
+
+// Open attaches the database at opts.Path to the stream at streamURL and returns it as a
+// *sql.DB. Attaching rebuilds the local file from the stream (the local file is a cache)
+// and, unless ReadOnly, claims the stream: from then on a commit returns only after the
+// server acknowledged it, and an older owner is fenced. A second process on the same file
+// gets an in_use error. Only WAL mode with 4 KiB pages is supported.
+func Open(streamURL string, opts Options) (*sql.DB, error) {
+	if err := replicator.CheckURL(streamURL); err != nil {
+		return nil, err
+	}
+	path, err := localPath(streamURL, opts.Path)
+	if err != nil {
+		return nil, err
+	}
+	register()
+	db, err := attach(streamURL, path, opts)
+	if err != nil {
+		return nil, err
+	}
+	dsn := "file:" + (&url.URL{Path: path}).EscapedPath() + "?vfs=" + Name
+	if opts.ReadOnly {
+		dsn += "&mode=ro"
+	}
+	inner, err := (&driver.SQLite{}).OpenConnector(dsn)
+	if err != nil {
+		detach(db)
+		return nil, err
+	}
+	sdb := sql.OpenDB(&connector{inner: inner, db: db, readOnly: opts.ReadOnly})
+	if err := sdb.Ping(); err != nil {
+		sdb.Close()
+		detach(db)
+		return nil, err
+	}
+	return sdb, nil
+}
+
+// setupConn enforces WAL mode and 4 KiB pages on every connection.
+func setupConn(c *sqlite3.Conn, readOnly bool) error {
+	if readOnly {
+		return nil
+	}
+	if err := c.Exec(`PRAGMA page_size=4096; PRAGMA journal_mode=WAL`); err != nil {
+		return err
+	}
+	stmt, _, err := c.Prepare(`SELECT * FROM pragma_page_size, pragma_journal_mode`)
+	if err != nil {
+		return err
+	}
+	defer stmt.Close()
+	if !stmt.Step() {
+		return stmt.Err()
+	}
+	if ps, mode := stmt.ColumnInt(0), stmt.ColumnText(1); ps != 4096 || mode != "wal" {
+		return &Error{Kind: replicator.KindUnsupported, Action: replicator.ActionFix,
+			Message: fmt.Sprintf("replicated databases need WAL mode and 4096-byte pages; this one has %s mode and %d-byte pages", mode, ps)}
+	}
+	return nil
+}
+
+// attach registers path with the VFS, attaching it once per process.
+func attach(streamURL, path string, opts Options) (*database, error) {
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	if db := registry[path]; db != nil {
+		if db.url != streamURL {
+			return nil, &Error{Kind: replicator.KindOtherStream, Action: replicator.ActionFix,
+				Message: fmt.Sprintf("%s is attached to %s in this process, not %s", path, db.url, streamURL)}
+		}
+		db.refs++
+		return db, nil
+	}
+	lk, err := lockFile(path + "-ursula.lock")
+	if err != nil {
+		return nil, err
+	}
+	db := &database{path: path, url: streamURL, pageSize: 4096, lock: lk, refs: 1}
+	ropts := replicator.Options{Client: opts.Client}
+	if opts.ReadOnly {
+		if _, err := replicator.Restore(context.Background(), clientOf(opts), streamURL, path, 0, streamcore.MaxRequestBytes, nil); err != nil {
+			lk.release()
+			return nil, err
+		}
+	} else {
+		r, err := replicator.Attach(context.Background(), streamURL, path, ropts)
+		if err != nil {
+			lk.release()
+			return nil, err
+		}
+		db.replica = r
+	}
+	registry[path] = db
+	return db, nil
+}
+
+func clientOf(opts Options) *streamcore.Client {
+	if opts.Client != nil {
+		return opts.Client
+	}
+	c, _ := streamcore.NewClient("")
+	return c
+}
+
+func detach(db *database) {
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	if db.refs--; db.refs <= 0 {
+		delete(registry, db.path)
+		db.lock.release()
+	}
+}
+
+// Status reports the replication state of an attached database file of this process.
+func Status(path string) (replicator.Status, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return replicator.Status{}, err
+	}
+	db := lookup(abs)
+	if db == nil {
+		return replicator.Status{}, &Error{Kind: replicator.KindNotFound, Action: replicator.ActionFix, Message: fmt.Sprintf("%s is not attached in this process", path)}
+	}
+	if db.replica == nil {
+		return replicator.Status{URL: db.url}, nil
+	}
+	return db.replica.Status(), nil
+}
+
+// localPath resolves the local file: an absolute form of path, or the default name in
+// the user's cache directory. ":memory:" and "file:" names are refused.
+func localPath(streamURL, path string) (string, error) {
+	if path == ":memory:" || strings.HasPrefix(path, "file:") {
+		return "", &Error{Kind: replicator.KindInvalidURL, Action: replicator.ActionFix,
+			Message: "Path must be a plain file path (not :memory: or a file: URI)"}
+	}
+	if path == "" {
+		dir, err := os.UserCacheDir()
+		if err != nil {
+			return "", err
+		}
+		dir = filepath.Join(dir, "ursula")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return "", err
+		}
+		u, _ := url.Parse(streamURL)
+		label := filepath.Base(u.Path)
+		label = strings.Map(func(r rune) rune {
+			if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+				return r
+			}
+			return '_'
+		}, label)
+		sum := sha256.Sum256([]byte(streamURL))
+		path = filepath.Join(dir, label+"-"+hex.EncodeToString(sum[:6])+".db")
+	}
+	return filepath.Abs(path)
+}
+
+// fileLock is an exclusive flock held while the database is attached.
+type fileLock struct{ f *os.File }
+
+func lockFile(path string) (*fileLock, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, &Error{Kind: replicator.KindInUse, Action: replicator.ActionFix, Err: err,
+			Message: fmt.Sprintf("%s is attached by another process", strings.TrimSuffix(path, "-ursula.lock"))}
+	}
+	return &fileLock{f: f}, nil
+}
+
+func (l *fileLock) release() {
+	if l != nil && l.f != nil {
+		syscall.Flock(int(l.f.Fd()), syscall.LOCK_UN)
+		l.f.Close()
+	}
+}

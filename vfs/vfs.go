@@ -1,0 +1,145 @@
+// Package vfs gives Go applications replicated SQLite databases: a SQLite VFS over the
+// OS VFS of github.com/ncruces/go-sqlite3 (pure Go, no cgo) that hands each commit of an
+// attached database to the replicator before it reaches the local WAL, and the public
+// API (Open, Status) on top of database/sql. Reads, locks and shared memory stay with the
+// OS VFS, so WAL mode with several connections works.
+package vfs
+
+import (
+	"strings"
+	"sync"
+
+	sqlvfs "github.com/ncruces/go-sqlite3/vfs"
+
+	"github.com/ursula-go/ursula/replicator"
+)
+
+// Name is the VFS name registered with ncruces/go-sqlite3.
+const Name = "ursula"
+
+// database is one attached database file of this process.
+type database struct {
+	path     string
+	url      string
+	pageSize uint32
+	replica  *replicator.Replica // nil for read-only databases
+	lock     *fileLock
+	refs     int
+}
+
+// usable is the error reads and writes of a fenced or poisoned database fail with.
+func (d *database) usable() error {
+	if d.replica == nil {
+		return nil
+	}
+	if err := d.replica.Usable(); err != nil {
+		return sqliteError(err)
+	}
+	return nil
+}
+
+var (
+	registerOnce sync.Once
+	registryMu   sync.Mutex
+	registry     = map[string]*database{} // by absolute database path
+)
+
+func lookup(path string) *database {
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	return registry[path]
+}
+
+// ursulaVFS wraps the OS VFS: files of attached databases get the interception, every
+// other file is the OS VFS's own.
+type ursulaVFS struct{ os sqlvfs.VFSFilename }
+
+func register() {
+	registerOnce.Do(func() {
+		sqlvfs.Register(Name, ursulaVFS{os: sqlvfs.Find("os").(sqlvfs.VFSFilename)})
+	})
+}
+
+func (v ursulaVFS) Open(name string, flags sqlvfs.OpenFlag) (sqlvfs.File, sqlvfs.OpenFlag, error) {
+	return v.os.Open(name, flags)
+}
+
+func (v ursulaVFS) OpenFilename(name *sqlvfs.Filename, flags sqlvfs.OpenFlag) (sqlvfs.File, sqlvfs.OpenFlag, error) {
+	f, out, err := v.os.OpenFilename(name, flags)
+	if err != nil || name == nil {
+		return f, out, err
+	}
+	path := name.String()
+	switch {
+	case flags&sqlvfs.OPEN_WAL != 0:
+		if db := lookup(strings.TrimSuffix(path, "-wal")); db != nil && db.replica != nil {
+			return newWALFile(f, db), out, nil
+		}
+	case flags&sqlvfs.OPEN_MAIN_DB != 0:
+		if db := lookup(path); db != nil {
+			return &dbFile{File: f, db: db}, out, nil
+		}
+	}
+	return f, out, nil
+}
+
+func (v ursulaVFS) Delete(name string, syncDir bool) error { return v.os.Delete(name, syncDir) }
+
+func (v ursulaVFS) Access(name string, flags sqlvfs.AccessFlag) (bool, error) {
+	return v.os.Access(name, flags)
+}
+
+func (v ursulaVFS) FullPathname(name string) (string, error) { return v.os.FullPathname(name) }
+
+// dbFile is the main database file of an attached database: reads fail once the replica
+// is fenced or poisoned; everything else is the OS file's, shared memory included. It
+// offers no memory mapping, so every read passes the check.
+type dbFile struct {
+	sqlvfs.File
+	db *database
+}
+
+func (f *dbFile) ReadAt(p []byte, off int64) (int, error) {
+	if err := f.db.usable(); err != nil {
+		return 0, err
+	}
+	return f.File.ReadAt(p, off)
+}
+
+func (f *dbFile) Unwrap() sqlvfs.File { return f.File }
+
+func (f *dbFile) SharedMemory() sqlvfs.SharedMemory {
+	if s, ok := f.File.(sqlvfs.FileSharedMemory); ok {
+		return s.SharedMemory()
+	}
+	return nil
+}
+
+func (f *dbFile) LockState() sqlvfs.LockLevel {
+	if s, ok := f.File.(sqlvfs.FileLockState); ok {
+		return s.LockState()
+	}
+	return sqlvfs.LOCK_EXCLUSIVE + 1
+}
+
+func (f *dbFile) PersistWAL() bool {
+	s, ok := f.File.(sqlvfs.FilePersistWAL)
+	return ok && s.PersistWAL()
+}
+
+func (f *dbFile) SetPersistWAL(keep bool) {
+	if s, ok := f.File.(sqlvfs.FilePersistWAL); ok {
+		s.SetPersistWAL(keep)
+	}
+}
+
+func (f *dbFile) PowersafeOverwrite() bool {
+	s, ok := f.File.(sqlvfs.FilePowersafeOverwrite)
+	return ok && s.PowersafeOverwrite()
+}
+
+func (f *dbFile) SetPowersafeOverwrite(psow bool) {
+	if s, ok := f.File.(sqlvfs.FilePowersafeOverwrite); ok {
+		s.SetPowersafeOverwrite(psow)
+	}
+}
