@@ -4,7 +4,7 @@ BIN      := bin
 ADDR     ?= 127.0.0.1:4437
 export GOFLAGS := -buildvcs=false
 
-.PHONY: run build test unit vet fmt-check conformance conformance-deps bench fuzz clean
+.PHONY: run build test unit vet fmt-check conformance conformance-deps s3-deps bench fuzz clean
 
 build:
 	$(GO) build -o $(BIN)/ursula ./cmd/ursula
@@ -23,8 +23,13 @@ fmt-check:
 vet:
 	$(GO) vet ./...
 
-unit:
-	$(GO) test -race -count=1 ./...
+## unit: every Go test with -race; the S3 cold-tier tests must run (versitygw from s3-deps)
+unit: s3-deps
+	URSULA_REQUIRE_S3=1 $(GO) test -race -count=1 ./...
+
+## s3-deps: install versitygw, the local S3 server of the cold-tier tests (once)
+s3-deps:
+	test/s3/install.sh
 
 conformance-deps:
 	@test -d test/conformance/node_modules/@durable-streams/server-conformance-tests || (cd test/conformance && npm ci --no-audit --no-fund)
