@@ -21,6 +21,7 @@ const (
 	KindDamaged      Kind = "damaged"           // the stream holds a record this version cannot read
 	KindUnavailable  Kind = "unavailable"       // the server could not be reached or answered 5xx
 	KindUnsupported  Kind = "unsupported"       // page size / journal mode the replicator does not support
+	KindLocalSetup   Kind = "local_setup"       // a local file could not be read or written
 )
 
 // Action says what the caller should do about an error.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -102,8 +103,12 @@ func CheckURL(raw string) error {
 // Replica is the owner side of one database's stream: it claimed the stream and turns
 // every commit into one acknowledged record.
 type Replica struct {
-	url  string
-	opts Options
+	url         string
+	path        string
+	opts        Options
+	incarnation string
+	savedAt     time.Time // last sidecar write
+	attachMode  string    // "resumed" or "rebuilt"
 
 	mu       sync.Mutex
 	epoch    uint64
@@ -117,9 +122,16 @@ type Replica struct {
 	logBytes uint64 // bytes appended by this replica
 }
 
-// Attach rebuilds the local database file at path from the stream at url and claims the
-// stream. A stream that does not exist is created when the local file is missing or
-// empty, and refused (not_found) otherwise: a stream is never replaced.
+// Attach makes the local database file at path reflect the stream at url and claims the
+// stream. The local files are a cache: when the sidecar <path>-ursula says they were
+// written on this boot, for this stream and incarnation, to this very file, Attach folds
+// the local WAL into the file and replays only the records after the sidecar's offset;
+// anything doubtful discards them and rebuilds from the latest snapshot plus the tail.
+//
+// Refusals that change nothing: a file with data but no sidecar (unreplicated_file), a
+// sidecar naming another stream URL (other_stream), and a missing stream while the file
+// holds data (not_found: a stream is never replaced). A missing stream with an empty or
+// absent file is created.
 func Attach(ctx context.Context, streamURL, path string, opts Options) (*Replica, error) {
 	if err := CheckURL(streamURL); err != nil {
 		return nil, err
@@ -127,28 +139,128 @@ func Attach(ctx context.Context, streamURL, path string, opts Options) (*Replica
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
+	sc, scErr := ReadSidecar(path)
+	hasData := fileHasData(path)
+	switch {
+	case sc == nil && scErr == nil && hasData:
+		return nil, newError(KindUnreplicated, ActionFix, nil,
+			"%s holds data but was never attached (no sidecar %s); it is left as it is. To replicate its rows, copy them into a database opened with vfs.Open at another path (for example with ATTACH and INSERT ... SELECT)",
+			path, SidecarPath(path))
+	case sc != nil && sc.URL != streamURL:
+		return nil, newError(KindOtherStream, ActionFix, nil,
+			"%s is the local copy of %s, not %s; use another path, or spell the URL exactly as before", path, sc.URL, streamURL)
+	}
 	c := opts.Client
-	if _, err := c.Head(ctx, streamURL); err != nil {
+	info, err := c.Head(ctx, streamURL)
+	if err != nil {
 		var ce *streamcore.ClientError
 		if !errors.As(err, &ce) || ce.Status != http.StatusNotFound {
 			return nil, classifyRead(err, "HEAD of the stream")
 		}
-		if st, err := os.Stat(path); err == nil && st.Size() > 0 {
-			return nil, newError(KindNotFound, ActionFix, nil, "the stream does not exist but %s holds data; refusing to replace either", path)
+		if hasData {
+			return nil, newError(KindNotFound, ActionFix, nil, "the stream does not exist but %s holds data; refusing to replace either (delete the file to start over from an empty stream)", path)
 		}
 		if _, err := c.Create(ctx, streamURL, streamcore.CreateOptions{ContentType: "application/octet-stream"}); err != nil {
 			return nil, classifyRead(err, "creating the stream")
 		}
+		if info, err = c.Head(ctx, streamURL); err != nil {
+			return nil, classifyRead(err, "HEAD of the new stream")
+		}
 	}
-	img, err := Restore(ctx, c, streamURL, path, 0, opts.MaxFrameBytes, nil)
-	if err != nil {
-		return nil, err
+	r := &Replica{url: streamURL, path: path, opts: opts, incarnation: info.Incarnation}
+	img, why := resume(ctx, r, sc, scErr, info)
+	if img == nil {
+		if sc != nil || scErr != nil || hasData {
+			r.logf("local_files_discarded", "file=%q reason=%q", path, why)
+		}
+		img, err = Restore(ctx, c, streamURL, path, 0, opts.MaxFrameBytes, nil)
+		if err != nil {
+			return nil, err
+		}
 	}
-	r := &Replica{url: streamURL, opts: opts, tail: img.Tail, pageSize: img.PageSize}
+	r.attachMode = "resumed"
+	if why != "" {
+		r.attachMode = "rebuilt"
+	}
+	r.tail, r.pageSize = img.Tail, img.PageSize
 	if err := r.claim(ctx, img.Epoch+1); err != nil {
 		return nil, err
 	}
+	if err := r.SaveState(); err != nil {
+		return nil, newError(KindLocalSetup, ActionFix, err, "writing the sidecar %s", SidecarPath(path))
+	}
 	return r, nil
+}
+
+// resume brings the local files up to the stream's tail when the sidecar allows it, and
+// says why not otherwise (nil image).
+func resume(ctx context.Context, r *Replica, sc *Sidecar, scErr error, info *streamcore.StreamInfo) (*Image, string) {
+	tail, _ := streamcore.ParseOffset(info.NextOffset)
+	retained, _ := streamcore.ParseOffset(info.RetainedOffset)
+	switch {
+	case scErr != nil:
+		return nil, scErr.Error()
+	case sc == nil:
+		return nil, "no sidecar"
+	case sc.BootID == "" || sc.BootID != BootID():
+		return nil, "written on another boot"
+	case sc.Incarnation != info.Incarnation:
+		return nil, "the stream was recreated (new incarnation)"
+	case sc.Inode != inode(r.path):
+		return nil, "the database file was replaced"
+	case sc.Offset > tail:
+		return nil, fmt.Sprintf("the sidecar offset %d is past the stream tail %d", sc.Offset, tail)
+	case sc.Offset < retained:
+		return nil, fmt.Sprintf("the sidecar offset %d is below retention %d", sc.Offset, retained)
+	}
+	if _, err := FoldWAL(r.path); err != nil {
+		return nil, "folding the local WAL: " + err.Error()
+	}
+	f, err := os.OpenFile(r.path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, err.Error()
+	}
+	defer f.Close()
+	img := &Image{Epoch: sc.Epoch}
+	var hdr [100]byte
+	if n, _ := f.ReadAt(hdr[:], 0); n == len(hdr) {
+		img.PageSize = uint32(binary.BigEndian.Uint16(hdr[16:]))
+		if img.PageSize == 1 {
+			img.PageSize = 65536
+		}
+		img.DBPages = binary.BigEndian.Uint32(hdr[28:])
+	}
+	if err := replay(ctx, r.opts.Client, r.url, f, img, sc.Offset, tail, r.opts.MaxFrameBytes, nil); err != nil {
+		return nil, "replaying the tail: " + err.Error()
+	}
+	if img.PageSize != 0 {
+		if err := f.Truncate(int64(img.DBPages) * int64(img.PageSize)); err != nil {
+			return nil, err.Error()
+		}
+	}
+	r.logf("resumed", "file=%q from=%d to=%d commits=%d", r.path, sc.Offset, tail, img.Commits)
+	return img, ""
+}
+
+// fileHasData reports whether the database at path holds anything (file or WAL).
+func fileHasData(path string) bool {
+	for _, p := range []string{path, path + "-wal"} {
+		if st, err := os.Stat(p); err == nil && st.Size() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// SaveState records in the sidecar the offset the local files reflect. Commits are
+// serialized and each one's WAL write-back finishes before the next starts, so r.tail is
+// always reflected locally once the commit that produced it returned.
+func (r *Replica) SaveState() error {
+	r.mu.Lock()
+	sc := &Sidecar{URL: r.url, Incarnation: r.incarnation, Offset: r.tail, Epoch: r.epoch}
+	r.mu.Unlock()
+	sc.BootID, sc.Inode = BootID(), inode(r.path)
+	return WriteSidecar(r.path, sc)
 }
 
 // claim appends a claim record at epoch and verifies it by reading it back: a 2xx alone
@@ -206,6 +318,15 @@ func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 	}
 	if len(body) > r.opts.MaxFrameBytes {
 		return r.fail(newError(KindTooLarge, ActionFix, nil, "commit frame of %d bytes is over the %d byte limit (URSULA_VFS_MAX_FRAME_BYTES)", len(body), r.opts.MaxFrameBytes), false)
+	}
+	if time.Since(r.savedAt) > time.Second {
+		// r.tail is reflected locally (the previous commit's write-back is done), so a
+		// crash resumes from here at worst.
+		r.savedAt = time.Now()
+		sc := &Sidecar{URL: r.url, Incarnation: r.incarnation, Offset: r.tail, Epoch: r.epoch, BootID: BootID(), Inode: inode(r.path)}
+		if err := WriteSidecar(r.path, sc); err != nil {
+			r.logf("sidecar_failed", "err=%q", err.Error())
+		}
 	}
 	seq := r.seq + 1
 	opts := streamcore.AppendOptions{
@@ -305,14 +426,15 @@ func (r *Replica) LastError() *Error {
 
 // Status is a replica's state as status(file) reports it.
 type Status struct {
-	URL      string `json:"url"`
-	Offset   uint64 `json:"offset"`
-	Epoch    uint64 `json:"epoch"`
-	Commits  uint64 `json:"commits"`
-	LogBytes uint64 `json:"log_bytes"`
-	Poisoned bool   `json:"poisoned"`
-	Fenced   bool   `json:"fenced"`
-	Error    *struct {
+	URL        string `json:"url"`
+	AttachMode string `json:"attach_mode"` // how the last attach got the local file: resumed, rebuilt
+	Offset     uint64 `json:"offset"`
+	Epoch      uint64 `json:"epoch"`
+	Commits    uint64 `json:"commits"`
+	LogBytes   uint64 `json:"log_bytes"`
+	Poisoned   bool   `json:"poisoned"`
+	Fenced     bool   `json:"fenced"`
+	Error      *struct {
 		Kind    Kind   `json:"kind"`
 		Action  Action `json:"action"`
 		Message string `json:"message"`
@@ -323,7 +445,7 @@ type Status struct {
 func (r *Replica) Status() Status {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	st := Status{URL: r.url, Offset: r.tail, Epoch: r.epoch, Commits: r.commits, LogBytes: r.logBytes, Poisoned: r.poisoned, Fenced: r.fenced}
+	st := Status{URL: r.url, AttachMode: r.attachMode, Offset: r.tail, Epoch: r.epoch, Commits: r.commits, LogBytes: r.logBytes, Poisoned: r.poisoned, Fenced: r.fenced}
 	if e := r.lastErr; e != nil {
 		st.Error = &struct {
 			Kind    Kind   `json:"kind"`

@@ -4,6 +4,7 @@ import (
 	"context"
 	sqldriver "database/sql/driver"
 	"errors"
+	"sync"
 
 	"github.com/ncruces/go-sqlite3"
 	"github.com/ncruces/go-sqlite3/driver"
@@ -15,11 +16,19 @@ import (
 
 type connector struct {
 	inner    sqldriver.Connector
-	db       *database
+	db       *Database
 	readOnly bool
+	once     sync.Once
 }
 
 func (c *connector) Driver() sqldriver.Driver { return c.inner.Driver() }
+
+// Close runs when the *sql.DB closes: it releases the attachment (sidecar saved, lock
+// file released), so the file can be attached again, in this process or another.
+func (c *connector) Close() error {
+	c.once.Do(c.db.Detach)
+	return nil
+}
 
 func (c *connector) Connect(ctx context.Context) (sqldriver.Conn, error) {
 	conn, err := c.inner.Connect(ctx)
@@ -37,7 +46,7 @@ func (c *connector) Connect(ctx context.Context) (sqldriver.Conn, error) {
 // conn2 wraps the driver's connection.
 type conn2 struct {
 	driver.Conn
-	db *database
+	db *Database
 }
 
 func (c *conn2) Begin() (sqldriver.Tx, error) {
@@ -82,14 +91,14 @@ func (c *conn2) CheckNamedValue(nv *sqldriver.NamedValue) error {
 
 type tx2 struct {
 	sqldriver.Tx
-	db *database
+	db *Database
 }
 
 func (t *tx2) Commit() error { return t.db.mapErr(t.Tx.Commit()) }
 
 type stmt2 struct {
 	sqldriver.Stmt
-	db *database
+	db *Database
 }
 
 func (s *stmt2) ExecContext(ctx context.Context, args []sqldriver.NamedValue) (sqldriver.Result, error) {
@@ -110,7 +119,7 @@ func (s *stmt2) CheckNamedValue(nv *sqldriver.NamedValue) error {
 }
 
 // mapErr puts the replicator's error in front of an SQLite I/O error it caused.
-func (d *database) mapErr(err error) error {
+func (d *Database) mapErr(err error) error {
 	if err == nil || d.replica == nil || !errors.Is(err, sqlite3.IOERR) {
 		return err
 	}

@@ -1,7 +1,6 @@
 package vfs
 
 import (
-	"context"
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
@@ -10,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 
 	"github.com/ncruces/go-sqlite3"
 	"github.com/ncruces/go-sqlite3/driver"
@@ -48,7 +46,7 @@ func Open(streamURL string, opts Options) (*sql.DB, error) {
 		return nil, err
 	}
 	register()
-	db, err := attach(streamURL, path, opts)
+	db, err := Attach(path, streamURL, AttachOptions{ReadOnly: opts.ReadOnly, Client: opts.Client})
 	if err != nil {
 		return nil, err
 	}
@@ -58,13 +56,13 @@ func Open(streamURL string, opts Options) (*sql.DB, error) {
 	}
 	inner, err := (&driver.SQLite{}).OpenConnector(dsn)
 	if err != nil {
-		detach(db)
+		db.Detach()
 		return nil, err
 	}
 	sdb := sql.OpenDB(&connector{inner: inner, db: db, readOnly: opts.ReadOnly})
 	if err := sdb.Ping(); err != nil {
 		sdb.Close()
-		detach(db)
+		db.Detach()
 		return nil, err
 	}
 	return sdb, nil
@@ -93,65 +91,13 @@ func setupConn(c *sqlite3.Conn, readOnly bool) error {
 	return nil
 }
 
-// attach registers path with the VFS, attaching it once per process.
-func attach(streamURL, path string, opts Options) (*database, error) {
-	registryMu.Lock()
-	defer registryMu.Unlock()
-	if db := registry[path]; db != nil {
-		if db.url != streamURL {
-			return nil, &Error{Kind: replicator.KindOtherStream, Action: replicator.ActionFix,
-				Message: fmt.Sprintf("%s is attached to %s in this process, not %s", path, db.url, streamURL)}
-		}
-		db.refs++
-		return db, nil
-	}
-	lk, err := lockFile(path + "-ursula.lock")
-	if err != nil {
-		return nil, err
-	}
-	db := &database{path: path, url: streamURL, pageSize: 4096, lock: lk, refs: 1}
-	ropts := replicator.Options{Client: opts.Client}
-	if opts.ReadOnly {
-		if _, err := replicator.Restore(context.Background(), clientOf(opts), streamURL, path, 0, streamcore.MaxRequestBytes, nil); err != nil {
-			lk.release()
-			return nil, err
-		}
-	} else {
-		r, err := replicator.Attach(context.Background(), streamURL, path, ropts)
-		if err != nil {
-			lk.release()
-			return nil, err
-		}
-		db.replica = r
-	}
-	registry[path] = db
-	return db, nil
-}
-
-func clientOf(opts Options) *streamcore.Client {
-	if opts.Client != nil {
-		return opts.Client
-	}
-	c, _ := streamcore.NewClient("")
-	return c
-}
-
-func detach(db *database) {
-	registryMu.Lock()
-	defer registryMu.Unlock()
-	if db.refs--; db.refs <= 0 {
-		delete(registry, db.path)
-		db.lock.release()
-	}
-}
-
 // Status reports the replication state of an attached database file of this process.
 func Status(path string) (replicator.Status, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return replicator.Status{}, err
 	}
-	db := lookup(abs)
+	db := Lookup(abs)
 	if db == nil {
 		return replicator.Status{}, &Error{Kind: replicator.KindNotFound, Action: replicator.ActionFix, Message: fmt.Sprintf("%s is not attached in this process", path)}
 	}
@@ -189,27 +135,4 @@ func localPath(streamURL, path string) (string, error) {
 		path = filepath.Join(dir, label+"-"+hex.EncodeToString(sum[:6])+".db")
 	}
 	return filepath.Abs(path)
-}
-
-// fileLock is an exclusive flock held while the database is attached.
-type fileLock struct{ f *os.File }
-
-func lockFile(path string) (*fileLock, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		return nil, &Error{Kind: replicator.KindInUse, Action: replicator.ActionFix, Err: err,
-			Message: fmt.Sprintf("%s is attached by another process", strings.TrimSuffix(path, "-ursula.lock"))}
-	}
-	return &fileLock{f: f}, nil
-}
-
-func (l *fileLock) release() {
-	if l != nil && l.f != nil {
-		syscall.Flock(int(l.f.Fd()), syscall.LOCK_UN)
-		l.f.Close()
-	}
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/ncruces/go-sqlite3"
 	sqlvfs "github.com/ncruces/go-sqlite3/vfs"
 
 	"github.com/ursula-go/ursula/replicator"
@@ -17,38 +18,7 @@ import (
 // Name is the VFS name registered with ncruces/go-sqlite3.
 const Name = "ursula"
 
-// database is one attached database file of this process.
-type database struct {
-	path     string
-	url      string
-	pageSize uint32
-	replica  *replicator.Replica // nil for read-only databases
-	lock     *fileLock
-	refs     int
-}
-
-// usable is the error reads and writes of a fenced or poisoned database fail with.
-func (d *database) usable() error {
-	if d.replica == nil {
-		return nil
-	}
-	if err := d.replica.Usable(); err != nil {
-		return sqliteError(err)
-	}
-	return nil
-}
-
-var (
-	registerOnce sync.Once
-	registryMu   sync.Mutex
-	registry     = map[string]*database{} // by absolute database path
-)
-
-func lookup(path string) *database {
-	registryMu.Lock()
-	defer registryMu.Unlock()
-	return registry[path]
-}
+var registerOnce sync.Once
 
 // ursulaVFS wraps the OS VFS: files of attached databases get the interception, every
 // other file is the OS VFS's own.
@@ -72,11 +42,11 @@ func (v ursulaVFS) OpenFilename(name *sqlvfs.Filename, flags sqlvfs.OpenFlag) (s
 	path := name.String()
 	switch {
 	case flags&sqlvfs.OPEN_WAL != 0:
-		if db := lookup(strings.TrimSuffix(path, "-wal")); db != nil && db.replica != nil {
-			return newWALFile(f, db), out, nil
+		if db := Lookup(strings.TrimSuffix(path, "-wal")); db != nil && db.replica != nil {
+			return &walFile{File: f, db: db, wal: db.NewWAL(f)}, out, nil
 		}
 	case flags&sqlvfs.OPEN_MAIN_DB != 0:
-		if db := lookup(path); db != nil {
+		if db := Lookup(path); db != nil {
 			return &dbFile{File: f, db: db}, out, nil
 		}
 	}
@@ -96,12 +66,12 @@ func (v ursulaVFS) FullPathname(name string) (string, error) { return v.os.FullP
 // offers no memory mapping, so every read passes the check.
 type dbFile struct {
 	sqlvfs.File
-	db *database
+	db *Database
 }
 
 func (f *dbFile) ReadAt(p []byte, off int64) (int, error) {
-	if err := f.db.usable(); err != nil {
-		return 0, err
+	if err := f.db.Usable(); err != nil {
+		return 0, sqliteError(err)
 	}
 	return f.File.ReadAt(p, off)
 }
@@ -142,4 +112,53 @@ func (f *dbFile) SetPowersafeOverwrite(psow bool) {
 	if s, ok := f.File.(sqlvfs.FilePowersafeOverwrite); ok {
 		s.SetPowersafeOverwrite(psow)
 	}
+}
+
+// walFile is the -wal file of an attached database: writes go through the
+// binding-independent WAL interception, reads check that the database is still usable.
+type walFile struct {
+	sqlvfs.File
+	db  *Database
+	wal *WAL
+}
+
+func (w *walFile) Unwrap() sqlvfs.File { return w.File }
+
+func (w *walFile) ReadAt(p []byte, off int64) (int, error) {
+	if err := w.db.Usable(); err != nil {
+		return 0, sqliteError(err)
+	}
+	return w.File.ReadAt(p, off)
+}
+
+func (w *walFile) WriteAt(p []byte, off int64) (int, error) {
+	n, err := w.wal.WriteAt(p, off)
+	if err != nil {
+		return 0, sqliteError(err)
+	}
+	return n, nil
+}
+
+func (w *walFile) Truncate(size int64) error {
+	w.wal.Truncate()
+	return w.File.Truncate(size)
+}
+
+// sqliteError maps an error of the interception to the SQLite result code of
+// checklist-vfs V: a refused commit is SQLITE_IOERR_AUTH and leaves the file usable; a
+// fenced file fails reads with SQLITE_IOERR_READ.
+func sqliteError(err error) error {
+	switch err {
+	case errIORead:
+		return sqlite3.IOERR_READ
+	case errIOWrite:
+		return sqlite3.IOERR_WRITE
+	}
+	if e, ok := replicator.AsError(err); ok {
+		switch e.Kind {
+		case replicator.KindNotApplied, replicator.KindTooLarge, replicator.KindFenced:
+			return sqlite3.IOERR_AUTH
+		}
+	}
+	return sqlite3.IOERR_WRITE
 }

@@ -153,27 +153,162 @@ func TestTwoOwners(t *testing.T) {
 	}
 }
 
+// dirState is every file of dir with its content, to prove a refusal changed nothing.
+func dirState(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		b, _ := os.ReadFile(filepath.Join(dir, e.Name()))
+		out[e.Name()] = string(b)
+	}
+	return out
+}
+
+// TestBadInput: refusals before anything is claimed or written (checklist-vfs B, C, T45,
+// T46); each leaves the directory byte-identical.
 func TestBadInput(t *testing.T) {
 	base := startServer(t)
-	for _, u := range []string{"ftp://x/y", "http://127.0.0.1:1/b?q=1", "http://127.0.0.1:1/b#f", "http:///nohost"} {
+	for _, u := range []string{"ftp://x/y", "http://127.0.0.1:1/b?q=1", "http://127.0.0.1:1/b#f", "http:///nohost", "http://127.0.0.1:1/"} {
 		_, err := Open(u, Options{Path: filepath.Join(t.TempDir(), "x.db")})
 		var e *Error
-		if !errors.As(err, &e) || e.Kind != replicator.KindInvalidURL {
+		if !errors.As(err, &e) || e.Kind != replicator.KindInvalidURL || e.Action != replicator.ActionFix {
 			t.Errorf("%s: %v", u, err)
 		}
 	}
-	_, err := Open(base+"/dbs1/m", Options{Path: ":memory:"})
-	if e, ok := replicator.AsError(err); !ok || e.Action != replicator.ActionFix {
-		t.Errorf(":memory: %v", err)
+	for _, p := range []string{":memory:", "file:x.db"} {
+		_, err := Open(base+"/dbs1/m", Options{Path: p})
+		if e, ok := replicator.AsError(err); !ok || e.Action != replicator.ActionFix {
+			t.Errorf("%s: %v", p, err)
+		}
 	}
-	// A missing stream with a non-empty local file is refused, never replaced.
-	p := filepath.Join(t.TempDir(), "local.db")
+
+	// A file with data and no sidecar is never replicated over.
+	dir := t.TempDir()
+	p := filepath.Join(dir, "local.db")
 	os.WriteFile(p, []byte("not from a stream"), 0o644)
-	_, err = Open(base+"/dbs1/missing", Options{Path: p})
+	before := dirState(t, dir)
+	_, err := Open(base+"/dbs1/missing", Options{Path: p})
+	if e, ok := replicator.AsError(err); !ok || e.Kind != replicator.KindUnreplicated {
+		t.Errorf("unreplicated file: %v", err)
+	}
+	delete(before, "local.db-ursula.lock")
+	after := dirState(t, dir)
+	delete(after, "local.db-ursula.lock")
+	if fmt.Sprint(before) != fmt.Sprint(after) {
+		t.Errorf("the refused attach changed files: %v", after)
+	}
+
+	// A replicated file whose stream disappeared: not_found, and the file is kept.
+	dir = t.TempDir()
+	p = filepath.Join(dir, "kept.db")
+	url := base + "/dbs1/gone"
+	db, err := Open(url, Options{Path: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `CREATE TABLE t(x)`)
+	db.Close()
+	c, _ := streamcore.NewClient("")
+	if _, err := c.Delete(context.Background(), url); err != nil {
+		t.Fatal(err)
+	}
+	before = dirState(t, dir)
+	_, err = Open(url, Options{Path: p})
 	if e, ok := replicator.AsError(err); !ok || e.Kind != replicator.KindNotFound {
 		t.Errorf("missing stream: %v", err)
 	}
-	if b, _ := os.ReadFile(p); string(b) != "not from a stream" {
-		t.Error("the refused attach changed the local file")
+	if after := dirState(t, dir); fmt.Sprint(before) != fmt.Sprint(after) {
+		t.Error("the refused attach changed the local files")
 	}
+	if _, err := c.Head(context.Background(), url); err == nil {
+		t.Error("the refused attach created the stream")
+	}
+
+	// The sidecar names the stream exactly as attached: another spelling is other_stream.
+	dir = t.TempDir()
+	p = filepath.Join(dir, "spelled.db")
+	db, err = Open(base+"/dbs1/spelled", Options{Path: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `CREATE TABLE t(x)`)
+	db.Close()
+	before = dirState(t, dir)
+	_, err = Open(strings.Replace(base, "127.0.0.1", "localhost", 1)+"/dbs1/spelled", Options{Path: p})
+	if e, ok := replicator.AsError(err); !ok || e.Kind != replicator.KindOtherStream {
+		t.Errorf("other spelling: %v", err)
+	}
+	if after := dirState(t, dir); fmt.Sprint(before) != fmt.Sprint(after) {
+		t.Error("the refused attach changed the local files")
+	}
+}
+
+// TestResumeAndRebuild: a re-attach on the same boot resumes from the sidecar (folding
+// the local WAL, replaying only what another owner added); a sidecar from another boot,
+// a damaged sidecar or a replaced file rebuilds (checklist-vfs D21-D23, G, T5, T7).
+func TestResumeAndRebuild(t *testing.T) {
+	base := startServer(t)
+	url := base + "/dbs1/resume"
+	dir := t.TempDir()
+	p := filepath.Join(dir, "a.db")
+	db, err := Open(url, Options{Path: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `CREATE TABLE t(x)`)
+	for i := 0; i < 20; i++ {
+		mustExec(t, db, `INSERT INTO t VALUES (?)`, i)
+	}
+	db.Close()
+	if _, err := os.Stat(p + "-wal"); err != nil {
+		t.Log("no WAL left after close:", err)
+	}
+
+	// Another owner elsewhere adds rows.
+	other, err := Open(url, Options{Path: filepath.Join(t.TempDir(), "b.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, other, `INSERT INTO t VALUES (100)`)
+	other.Close()
+
+	reopen := func(wantMode string, wantRows int) {
+		t.Helper()
+		db, err := Open(url, Options{Path: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		st, _ := Status(p)
+		if st.AttachMode != wantMode {
+			t.Errorf("attach mode %q, want %q", st.AttachMode, wantMode)
+		}
+		if n := count(t, db, `SELECT count(*) FROM t`); n != wantRows {
+			t.Errorf("%d rows, want %d", n, wantRows)
+		}
+		var ok string
+		db.QueryRow(`PRAGMA integrity_check`).Scan(&ok)
+		if ok != "ok" {
+			t.Errorf("integrity_check: %s", ok)
+		}
+		mustExec(t, db, `INSERT INTO t VALUES (-1)`)
+	}
+	reopen("resumed", 21)
+
+	// A sidecar from another boot is never trusted.
+	sc, err := replicator.ReadSidecar(p)
+	if err != nil || sc == nil {
+		t.Fatalf("sidecar: %v %v", sc, err)
+	}
+	sc.BootID = "another-boot"
+	replicator.WriteSidecar(p, sc)
+	reopen("rebuilt", 22)
+
+	// A torn sidecar is never trusted either.
+	b, _ := os.ReadFile(replicator.SidecarPath(p))
+	os.WriteFile(replicator.SidecarPath(p), b[:len(b)/2], 0o644)
+	reopen("rebuilt", 23)
+
+	reopen("resumed", 24)
 }

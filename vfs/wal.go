@@ -5,105 +5,83 @@ import (
 	"encoding/binary"
 	"sort"
 
-	"github.com/ncruces/go-sqlite3"
-	sqlvfs "github.com/ncruces/go-sqlite3/vfs"
-
 	"github.com/ursula-go/ursula/replicator"
 )
 
-// WAL layout (https://sqlite.org/fileformat2.html#walformat): a 32-byte header, then
-// frames of a 24-byte header (page number, database size after commit or 0, salts,
-// checksums) followed by one page.
-const (
-	walHeaderSize      = 32
-	walFrameHeaderSize = 24
-)
+// WALFile is the -wal file underneath the interception: the adapter's own OS file
+// (ncruces' OS VFS file, or SQLite's unix file behind the C shim).
+type WALFile interface {
+	ReadAt(p []byte, off int64) (int, error)
+	WriteAt(p []byte, off int64) (int, error)
+}
 
-// write is one WriteAt held back until its transaction is acknowledged.
+// WAL intercepts the writes of one open handle of an attached database's -wal file. It is
+// binding-independent: each adapter forwards its WAL writes here and keeps reads, locks
+// and shared memory to itself.
+//
+// Writes pass through to the file except the commit frame (the frame whose "database size
+// after commit" field is non-zero). That frame is held: once it is complete, the
+// transaction's frames (read back from the file, between the previous commit frame and
+// this one, last image of each page winning) become one commit record, and only after the
+// server acknowledged it does the commit frame reach the file. Until then the
+// transaction's other frames are invisible: SQLite (its recovery, and every other
+// connection through the wal-index) only trusts frames up to a valid commit frame. A
+// refused commit returns an error; SQLite rolls back and overwrites those frames later.
+//
+// This departs from a per-transaction overlay held in memory: letting non-commit frames
+// through keeps reads of spilled pages inside the adapter (the C shim never calls Go for
+// a read) and keeps memory flat for large transactions, with the same guarantee.
+type WAL struct {
+	file     WALFile
+	db       *Database
+	held     []write // writes of the pending commit frame
+	commit   int64   // offset of the pending commit frame; -1 when none
+	pageSize int64
+}
+
 type write struct {
 	off  int64
 	data []byte
 }
 
-// walFile intercepts the -wal file of an attached database. Writes go to a
-// per-transaction overlay that reads see; the write that completes the commit frame (a
-// frame header whose "database size after commit" is non-zero) is the commit point: the
-// transaction's final page images become one record appended to the stream, and only
-// after the server acknowledged it does the overlay reach the local WAL. A refused commit
-// returns an I/O error, SQLite rolls back, and nothing of it stays local.
-type walFile struct {
-	sqlvfs.File
-	db      *database
-	overlay []write
-	end     int64 // end of the overlay's furthest write
-	commit  int64 // offset of the pending commit frame header; -1 when none
+// NewWAL intercepts writes to f, a -wal handle of db.
+func (db *Database) NewWAL(f WALFile) *WAL {
+	return &WAL{file: f, db: db, commit: -1, pageSize: int64(db.pageSize)}
 }
 
-func newWALFile(f sqlvfs.File, db *database) *walFile {
-	return &walFile{File: f, db: db, commit: -1}
-}
+func (w *WAL) frameSize() int64 { return replicator.WALFrameHeaderSize + w.pageSize }
 
-// Unwrap gives ncruces the OS file behind the overlay.
-func (w *walFile) Unwrap() sqlvfs.File { return w.File }
-
-func (w *walFile) pageSize() int64 { return int64(w.db.pageSize) }
-
-func (w *walFile) frameSize() int64 { return walFrameHeaderSize + w.pageSize() }
-
-// ReadAt reads the local WAL with the overlay on top.
-func (w *walFile) ReadAt(p []byte, off int64) (int, error) {
-	if err := w.db.usable(); err != nil {
+// WriteAt is the adapter's xWrite on the -wal file.
+func (w *WAL) WriteAt(p []byte, off int64) (int, error) {
+	if err := w.db.Usable(); err != nil {
 		return 0, err
 	}
-	n, err := w.File.ReadAt(p, off)
-	if len(w.overlay) == 0 {
-		return n, err
-	}
-	top := off + int64(len(p))
-	for _, wr := range w.overlay {
-		lo, hi := max(off, wr.off), min(top, wr.off+int64(len(wr.data)))
-		if lo < hi {
-			copy(p[lo-off:hi-off], wr.data[lo-wr.off:hi-wr.off])
-			n = max(n, int(hi-off))
-		}
-	}
-	if n == len(p) {
-		err = nil
-	}
-	return n, err
-}
-
-// Size includes the overlay.
-func (w *walFile) Size() (int64, error) {
-	n, err := w.File.Size()
-	return max(n, w.end), err
-}
-
-// WriteAt adds to the overlay and commits at the commit point.
-func (w *walFile) WriteAt(p []byte, off int64) (int, error) {
-	if err := w.db.usable(); err != nil {
-		return 0, err
-	}
-	w.overlay = append(w.overlay, write{off, append([]byte(nil), p...)})
-	w.end = max(w.end, off+int64(len(p)))
 	fs := w.frameSize()
-	if off >= walHeaderSize && (off-walHeaderSize)%fs == 0 && len(p) >= walFrameHeaderSize &&
-		binary.BigEndian.Uint32(p[4:8]) != 0 {
+	isCommitHeader := off >= replicator.WALHeaderSize && (off-replicator.WALHeaderSize)%fs == 0 &&
+		len(p) >= replicator.WALFrameHeaderSize && binary.BigEndian.Uint32(p[4:8]) != 0
+	if w.commit < 0 && !isCommitHeader {
+		return w.file.WriteAt(p, off)
+	}
+	if w.commit < 0 {
 		w.commit = off
 	}
-	if w.commit >= 0 && w.covered(w.commit, w.commit+fs) {
-		if err := w.commitOverlay(); err != nil {
+	w.held = append(w.held, write{off, append([]byte(nil), p...)})
+	if w.covered(w.commit, w.commit+fs) {
+		if err := w.commitTx(); err != nil {
 			return 0, err
 		}
 	}
 	return len(p), nil
 }
 
-// covered reports whether the overlay holds every byte of [lo, hi).
-func (w *walFile) covered(lo, hi int64) bool {
+// Truncate is the adapter's xTruncate: a pending commit frame does not survive it.
+func (w *WAL) Truncate() { w.reset() }
+
+// covered reports whether the held writes hold every byte of [lo, hi).
+func (w *WAL) covered(lo, hi int64) bool {
 	for lo < hi {
 		progressed := false
-		for _, wr := range w.overlay {
+		for _, wr := range w.held {
 			if wr.off <= lo && lo < wr.off+int64(len(wr.data)) {
 				lo = wr.off + int64(len(wr.data))
 				progressed = true
@@ -116,34 +94,43 @@ func (w *walFile) covered(lo, hi int64) bool {
 	return true
 }
 
-// commitOverlay turns the frames up to the commit frame into one record, appends it, and
-// on acknowledgement writes the overlay to the local WAL.
-func (w *walFile) commitOverlay() error {
-	fs, ps := w.frameSize(), w.pageSize()
-	commitEnd := w.commit + fs
-	frames := map[int64]bool{} // start offsets of the frames this transaction wrote
-	for _, wr := range w.overlay {
-		lo, hi := max(wr.off, walHeaderSize), min(wr.off+int64(len(wr.data)), commitEnd)
-		for i := (lo - walHeaderSize) / fs; lo < hi && walHeaderSize+i*fs < hi; i++ {
-			frames[walHeaderSize+i*fs] = true
+func (w *WAL) reset() { w.held, w.commit = nil, -1 }
+
+// heldFrame assembles the pending commit frame from the held writes.
+func (w *WAL) heldFrame() []byte {
+	frame := make([]byte, w.frameSize())
+	for _, wr := range w.held {
+		lo, hi := max(wr.off, w.commit), min(wr.off+int64(len(wr.data)), w.commit+int64(len(frame)))
+		if lo < hi {
+			copy(frame[lo-w.commit:], wr.data[lo-wr.off:hi-wr.off])
 		}
 	}
-	offs := make([]int64, 0, len(frames))
-	for off := range frames {
-		offs = append(offs, off)
-	}
-	sort.Slice(offs, func(i, j int) bool { return offs[i] < offs[j] })
-	pages := map[uint32][]byte{}
+	return frame
+}
+
+// commitTx appends the transaction ending at the held commit frame and, on
+// acknowledgement, writes the held frame.
+func (w *WAL) commitTx() error {
+	defer w.reset()
+	fs, ps := w.frameSize(), w.pageSize
+	last := w.heldFrame()
+	dbPages := binary.BigEndian.Uint32(last[4:8])
+	salt := last[8:16]
+	pages := map[uint32][]byte{binary.BigEndian.Uint32(last[0:4]): last[replicator.WALFrameHeaderSize:]}
+	// The transaction's other frames lie between the previous commit frame (or the WAL
+	// header) and this one; walk back, the first image of a page seen is its last.
 	buf := make([]byte, fs)
-	var dbPages uint32
-	for _, off := range offs {
-		if _, err := w.ReadAt(buf, off); err != nil {
-			w.reset()
-			return sqlite3.IOERR_READ
+	for off := w.commit - fs; off >= replicator.WALHeaderSize; off -= fs {
+		if n, err := w.file.ReadAt(buf, off); n != len(buf) {
+			_ = err
+			return errIORead
 		}
-		pages[binary.BigEndian.Uint32(buf[0:4])] = append([]byte(nil), buf[walFrameHeaderSize:walFrameHeaderSize+ps]...)
-		if off == w.commit {
-			dbPages = binary.BigEndian.Uint32(buf[4:8])
+		if binary.BigEndian.Uint32(buf[4:8]) != 0 || string(buf[8:16]) != string(salt) {
+			break // the previous transaction's commit frame, or an older WAL generation
+		}
+		no := binary.BigEndian.Uint32(buf[0:4])
+		if _, seen := pages[no]; !seen {
+			pages[no] = append([]byte(nil), buf[replicator.WALFrameHeaderSize:]...)
 		}
 	}
 	cm := &replicator.Commit{PageSize: uint32(ps), DBPages: dbPages}
@@ -154,44 +141,14 @@ func (w *walFile) commitOverlay() error {
 	}
 	sort.Slice(cm.Pages, func(i, j int) bool { return cm.Pages[i].No < cm.Pages[j].No })
 	if err := w.db.replica.Commit(context.Background(), cm); err != nil {
-		w.reset()
-		return sqliteError(err)
+		return err
 	}
-	for _, wr := range w.overlay {
-		if wr.off >= commitEnd {
-			continue // frames of a rolled-back spill beyond this commit
-		}
-		if _, err := w.File.WriteAt(wr.data, wr.off); err != nil {
+	for _, wr := range w.held {
+		if _, err := w.file.WriteAt(wr.data, wr.off); err != nil {
 			// Acknowledged but not local: the file no longer reflects the stream.
-			w.db.replica.Poison("local WAL write failed after the commit was acknowledged")
-			w.reset()
-			return sqlite3.IOERR_WRITE
+			w.db.replica.Poison("local WAL write failed after the commit was acknowledged: " + err.Error())
+			return errIOWrite
 		}
 	}
-	w.reset()
 	return nil
-}
-
-func (w *walFile) reset() {
-	w.overlay, w.end, w.commit = nil, 0, -1
-}
-
-// Truncate drops overlay bytes past size too.
-func (w *walFile) Truncate(size int64) error {
-	if size == 0 {
-		w.reset()
-	}
-	return w.File.Truncate(size)
-}
-
-// sqliteError maps a replicator error to the SQLite result code of checklist-vfs V: a
-// refused commit is SQLITE_IOERR_AUTH and leaves the file usable.
-func sqliteError(err error) error {
-	if e, ok := replicator.AsError(err); ok {
-		switch e.Kind {
-		case replicator.KindNotApplied, replicator.KindTooLarge, replicator.KindFenced:
-			return sqlite3.IOERR_AUTH
-		}
-	}
-	return sqlite3.IOERR_WRITE
 }
