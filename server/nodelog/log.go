@@ -1,0 +1,719 @@
+package nodelog
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// FsyncMode says when appended log entries reach stable storage.
+type FsyncMode int
+
+const (
+	// FsyncNever acknowledges an append once it is written to the file (page
+	// cache): it survives a process crash, not a host crash.
+	FsyncNever FsyncMode = iota
+	// FsyncAlways acknowledges an append only after fsync.
+	FsyncAlways
+)
+
+// ParseFsyncMode parses the config value of raft.wal.fsync.
+func ParseFsyncMode(s string) (FsyncMode, error) {
+	switch s {
+	case "never":
+		return FsyncNever, nil
+	case "always":
+		return FsyncAlways, nil
+	}
+	return 0, fmt.Errorf("nodelog: fsync mode %q: want never or always", s)
+}
+
+func (m FsyncMode) String() string {
+	switch m {
+	case FsyncNever:
+		return "never"
+	case FsyncAlways:
+		return "always"
+	}
+	return "FsyncMode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// DefaultSegmentBytes is the segment size when Options.SegmentBytes is 0.
+const DefaultSegmentBytes = 64 << 20
+
+const (
+	minSegmentBytes = 4 << 10
+	maxSegmentBytes = 1 << 30
+)
+
+// Options configure Open.
+type Options struct {
+	Fsync FsyncMode
+	// SegmentBytes is the size at which the active segment is sealed and a
+	// new one started; it is also the unit of disk reclaim. 0 means
+	// DefaultSegmentBytes; valid range 4 KiB .. 1 GiB.
+	SegmentBytes int64
+	// Logf receives recovery reports (what was cut and why). nil means log.Printf.
+	Logf func(format string, args ...any)
+}
+
+// ErrClosed is returned by every operation after Close.
+var ErrClosed = errors.New("nodelog: closed")
+
+// ErrCorrupt is wrapped by Open when the journal is damaged somewhere it
+// cannot be safely cut (a sealed segment, or the middle of the last one).
+var ErrCorrupt = errors.New("nodelog: corrupt journal")
+
+// Stats is a point-in-time view of the journal, for metrics and tests.
+type Stats struct {
+	Segments      int    // segment files on disk
+	Bytes         int64  // total bytes of all segments
+	ActiveSegment uint64 // id of the segment being appended to
+	Groups        int    // groups known (ever referenced)
+	LiveEntries   int64  // entries currently indexed, all groups
+	// OldestSegmentPinnedBy is a group holding an entry in the oldest
+	// segment (the reason it is not yet purged); 0 with a single segment.
+	OldestSegmentPinnedBy uint64
+
+	Writes         uint64 // write(2) calls of batches since Open
+	Fsyncs         uint64 // fsync calls since Open
+	Records        uint64 // records appended since Open
+	Requests       uint64 // store/delete/set calls served since Open
+	PurgedSegments uint64 // segment files deleted since Open
+
+	RecoveredSegments int
+	RecoveredRecords  int64
+	RecoveredEntries  int64 // live entries after replay
+	RecoveryDuration  time.Duration
+	// TailDamage is "" after a clean recovery, "torn" when the last segment
+	// ended in an incomplete frame, "corrupt" when a complete frame there
+	// failed verification. TruncatedBytes were cut away in either case.
+	TailDamage     string
+	TruncatedBytes int64
+}
+
+// loc is where one encoded entry lives. 12 bytes per indexed entry.
+type loc struct {
+	seg uint32
+	off uint32
+	n   uint32
+}
+
+type segment struct {
+	id   uint64
+	f    *os.File
+	size int64
+	// base is the size right after the header and stable checkpoint: a
+	// segment is only sealed once it holds more than that, so a checkpoint
+	// bigger than SegmentBytes cannot make the journal roll forever.
+	base int64
+}
+
+// Log is the node-wide journal. Its methods and those of its GroupStores are
+// safe for concurrent use.
+type Log struct {
+	dir    string
+	opt    Options
+	logf   func(string, ...any)
+	lockF  *os.File
+	segMax int64
+
+	groupsMu sync.RWMutex
+	groups   map[uint64]*groupState
+
+	segMu sync.RWMutex // guards segs (readers pread under RLock)
+	segs  map[uint64]*segment
+
+	// Queue of requests for the flusher.
+	qmu     sync.Mutex
+	qcond   *sync.Cond
+	queue   []*request
+	closing bool
+	failed  error // sticky: a write or fsync error ends the journal
+	done    chan struct{}
+
+	// Owned by the flusher goroutine (and by Open before it starts).
+	active    *segment
+	batch     []byte
+	pending   []pendingFrame
+	needPurge bool
+
+	stats struct {
+		writes, fsyncs, records, requests, purged atomic.Uint64
+	}
+	recovery Stats
+}
+
+type pendingFrame struct {
+	seg *segment
+	off int64 // offset of the frame in its segment
+	pos int   // offset of the frame in l.batch
+	n   int
+}
+
+// request is one call submitted to the flusher: one or more unsealed frames.
+type request struct {
+	buf  []byte
+	sync bool
+	err  error
+	done chan struct{}
+}
+
+var requestPool = sync.Pool{New: func() any { return &request{done: make(chan struct{}, 1)} }}
+
+// Open opens or creates the journal in dir and replays it.
+func Open(dir string, opt Options) (*Log, error) {
+	if opt.SegmentBytes == 0 {
+		opt.SegmentBytes = DefaultSegmentBytes
+	}
+	if opt.SegmentBytes < minSegmentBytes || opt.SegmentBytes > maxSegmentBytes {
+		return nil, fmt.Errorf("nodelog: segment size %d outside %d..%d", opt.SegmentBytes, minSegmentBytes, maxSegmentBytes)
+	}
+	if opt.Fsync != FsyncNever && opt.Fsync != FsyncAlways {
+		return nil, fmt.Errorf("nodelog: invalid fsync mode %d", opt.Fsync)
+	}
+	l := &Log{
+		dir:    dir,
+		opt:    opt,
+		logf:   opt.Logf,
+		segMax: opt.SegmentBytes,
+		groups: make(map[uint64]*groupState),
+		segs:   make(map[uint64]*segment),
+		done:   make(chan struct{}),
+	}
+	if l.logf == nil {
+		l.logf = log.Printf
+	}
+	l.qcond = sync.NewCond(&l.qmu)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("nodelog: %w", err)
+	}
+	lf, err := os.OpenFile(filepath.Join(dir, "LOCK"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("nodelog: %w", err)
+	}
+	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		lf.Close()
+		return nil, fmt.Errorf("nodelog: %s is in use by another process: %w", dir, err)
+	}
+	l.lockF = lf
+	start := time.Now()
+	if err := l.recover(); err != nil {
+		l.closeFiles()
+		return nil, err
+	}
+	l.recovery.RecoveryDuration = time.Since(start)
+	l.purge()
+	go l.flusher()
+	return l, nil
+}
+
+func segName(id uint64) string { return fmt.Sprintf("%020d.seg", id) }
+
+func (l *Log) listSegments() ([]uint64, error) {
+	ents, err := os.ReadDir(l.dir)
+	if err != nil {
+		return nil, fmt.Errorf("nodelog: %w", err)
+	}
+	var ids []uint64
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), ".seg")
+		if !ok {
+			continue
+		}
+		id, err := strconv.ParseUint(name, 10, 64)
+		if err != nil || segName(id) != e.Name() || id == 0 {
+			return nil, fmt.Errorf("nodelog: unexpected file %s in %s", e.Name(), l.dir)
+		}
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return ids, nil
+}
+
+// recover replays every segment in order and leaves the last one open for
+// appending (or creates segment 1 in an empty directory).
+func (l *Log) recover() error {
+	ids, err := l.listSegments()
+	if err != nil {
+		return err
+	}
+	for i := 1; i < len(ids); i++ {
+		if ids[i] != ids[i-1]+1 {
+			return fmt.Errorf("%w: segment %s is missing (have %s and %s)", ErrCorrupt, segName(ids[i-1]+1), segName(ids[i-1]), segName(ids[i]))
+		}
+	}
+	if len(ids) > 0 && ids[len(ids)-1] > 1<<32-1 {
+		return fmt.Errorf("nodelog: segment id %d exceeds 2^32-1", ids[len(ids)-1])
+	}
+	var buf []byte
+	for i, id := range ids {
+		last := i == len(ids)-1
+		flag := os.O_RDONLY
+		if last {
+			flag = os.O_RDWR
+		}
+		f, err := os.OpenFile(filepath.Join(l.dir, segName(id)), flag, 0)
+		if err != nil {
+			return fmt.Errorf("nodelog: %w", err)
+		}
+		seg := &segment{id: id, f: f}
+		l.segs[id] = seg
+		fi, err := f.Stat()
+		if err != nil {
+			return fmt.Errorf("nodelog: %w", err)
+		}
+		size := fi.Size()
+		if size > 1<<32-1 {
+			return fmt.Errorf("%w: segment %s is %d bytes", ErrCorrupt, segName(id), size)
+		}
+		if int64(cap(buf)) < size {
+			buf = make([]byte, size)
+		}
+		buf = buf[:size]
+		if _, err := io.ReadFull(io.NewSectionReader(f, 0, size), buf); err != nil {
+			return fmt.Errorf("nodelog: read %s: %w", segName(id), err)
+		}
+		end, derr := l.replaySegment(seg, buf)
+		seg.size, seg.base = end, segHeaderSize
+		l.recovery.RecoveredSegments++
+		if derr == nil {
+			continue
+		}
+		var verr *VersionError
+		if errors.As(derr, &verr) {
+			return fmt.Errorf("%s: %w", segName(id), derr)
+		}
+		if !last {
+			return fmt.Errorf("%w: sealed segment %s at offset %d: %v", ErrCorrupt, segName(id), end, derr)
+		}
+		if err := l.cutTail(seg, buf, end, derr); err != nil {
+			return err
+		}
+	}
+	for _, g := range l.groups {
+		l.recovery.RecoveredEntries += int64(len(g.locs))
+	}
+	if len(ids) == 0 {
+		return l.startSegment(1)
+	}
+	l.active = l.segs[ids[len(ids)-1]]
+	if l.active.size == 0 {
+		// The header itself was torn: rewrite the segment from scratch.
+		return l.initSegment(l.active)
+	}
+	return nil
+}
+
+// replaySegment verifies and applies the frames of one segment held in buf.
+// It returns the end of the verified prefix and the reason it stopped early.
+func (l *Log) replaySegment(seg *segment, buf []byte) (int64, error) {
+	if err := checkSegHeader(buf, seg.id); err != nil {
+		return 0, err
+	}
+	off := int64(segHeaderSize)
+	for off < int64(len(buf)) {
+		f, n, err := decodeFrame(buf[off:], seg.id, off)
+		if err != nil {
+			return off, err
+		}
+		l.applyFrame(seg, off, f)
+		l.recovery.RecoveredRecords++
+		off += int64(n)
+	}
+	return off, nil
+}
+
+// cutTail handles damage in the last segment at offset end. Everything from
+// end on was never acknowledged as durable if it is a true tail: a torn
+// write, or garbage after the last good frame. If a valid frame still follows
+// the damage, the damage is in the middle of data that was written (and, with
+// FsyncAlways, acknowledged as synced); then only FsyncNever may cut, because
+// a host crash there can reorder page write-back and nothing was promised.
+func (l *Log) cutTail(seg *segment, buf []byte, end int64, cause error) error {
+	kind := "corrupt"
+	if errors.Is(cause, errTorn) {
+		kind = "torn"
+	}
+	if later := findValidFrame(buf, seg.id, end+1); later >= 0 {
+		if l.opt.Fsync == FsyncAlways {
+			return fmt.Errorf("%w: %s damaged at offset %d (%v) but a valid frame follows at %d; refusing to cut synced data",
+				ErrCorrupt, segName(seg.id), end, cause, later)
+		}
+		l.logf("nodelog: %s damaged at offset %d (%v); valid frames follow at %d but fsync=never promised nothing past the page cache: cutting them too",
+			segName(seg.id), end, cause, later)
+	}
+	cut := int64(len(buf)) - end
+	l.logf("nodelog: cutting %d bytes of %s tail of %s at offset %d: %v", cut, kind, segName(seg.id), end, cause)
+	if err := seg.f.Truncate(end); err != nil {
+		return fmt.Errorf("nodelog: truncate %s: %w", segName(seg.id), err)
+	}
+	if err := seg.f.Sync(); err != nil {
+		return fmt.Errorf("nodelog: sync %s: %w", segName(seg.id), err)
+	}
+	l.recovery.TailDamage = kind
+	l.recovery.TruncatedBytes = cut
+	return nil
+}
+
+// findValidFrame looks for any frame at or after from whose header verifies
+// at its position; -1 if there is none.
+func findValidFrame(buf []byte, segID uint64, from int64) int64 {
+	if from < segHeaderSize {
+		from = segHeaderSize
+	}
+	for off := from; off+frameHeaderSize <= int64(len(buf)); off++ {
+		if buf[off+4] != frameMagic0 || buf[off+5] != frameMagic1 {
+			continue
+		}
+		if _, _, err := decodeFrame(buf[off:], segID, off); err == nil {
+			return off
+		}
+	}
+	return -1
+}
+
+// startSegment creates segment id and makes it active.
+func (l *Log) startSegment(id uint64) error {
+	if id > 1<<32-1 {
+		return fmt.Errorf("nodelog: segment id %d exceeds 2^32-1", id)
+	}
+	f, err := os.OpenFile(filepath.Join(l.dir, segName(id)), os.O_CREATE|os.O_RDWR|os.O_EXCL, 0o644)
+	if err != nil {
+		return fmt.Errorf("nodelog: %w", err)
+	}
+	seg := &segment{id: id, f: f}
+	l.segMu.Lock()
+	l.segs[id] = seg
+	l.segMu.Unlock()
+	l.active = seg
+	return l.initSegment(seg)
+}
+
+// initSegment writes a segment header followed by a checkpoint of every
+// group's stable values, then syncs file and directory. The checkpoint is why
+// purging older segments never loses votes or terms.
+func (l *Log) initSegment(seg *segment) error {
+	b := make([]byte, segHeaderSize, 4096)
+	encodeSegHeader(b, seg.id)
+	l.groupsMu.RLock()
+	for id, g := range l.groups {
+		g.mu.RLock()
+		if len(g.stable) > 0 {
+			b = appendFrame(b, recStable, id, func(p []byte) []byte {
+				p = appendUint32(p, uint32(len(g.stable)))
+				for k, v := range g.stable {
+					p = appendStablePair(p, []byte(k), v)
+				}
+				return p
+			})
+		}
+		g.mu.RUnlock()
+	}
+	l.groupsMu.RUnlock()
+	off := int64(segHeaderSize)
+	for off < int64(len(b)) {
+		sealFrame(b[off:], seg.id, off)
+		off += int64(frameHeaderSize) + int64(leUint32(b[off+8:]))
+	}
+	if err := seg.f.Truncate(0); err != nil {
+		return fmt.Errorf("nodelog: %w", err)
+	}
+	if _, err := seg.f.WriteAt(b, 0); err != nil {
+		return fmt.Errorf("nodelog: write %s: %w", segName(seg.id), err)
+	}
+	if err := seg.f.Sync(); err != nil {
+		return fmt.Errorf("nodelog: sync %s: %w", segName(seg.id), err)
+	}
+	l.stats.fsyncs.Add(1)
+	l.segMu.Lock()
+	seg.size = int64(len(b))
+	seg.base = seg.size
+	l.segMu.Unlock()
+	return syncDir(l.dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("nodelog: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("nodelog: sync dir: %w", err)
+	}
+	return nil
+}
+
+// submit hands a request to the flusher and waits for its outcome.
+func (l *Log) submit(r *request) error {
+	l.qmu.Lock()
+	if l.closing {
+		l.qmu.Unlock()
+		return ErrClosed
+	}
+	if l.failed != nil {
+		err := l.failed
+		l.qmu.Unlock()
+		return err
+	}
+	l.queue = append(l.queue, r)
+	if len(l.queue) == 1 {
+		l.qcond.Signal()
+	}
+	l.qmu.Unlock()
+	<-r.done
+	return r.err
+}
+
+// flusher is the single writer: it takes every queued request, writes them
+// with one write(2), fsyncs once if any of them needs it, applies them to the
+// in-memory indexes in file order, then wakes the callers (group commit).
+func (l *Log) flusher() {
+	defer close(l.done)
+	var reqs []*request
+	for {
+		l.qmu.Lock()
+		for len(l.queue) == 0 && !l.closing {
+			l.qcond.Wait()
+		}
+		if len(l.queue) == 0 && l.closing {
+			l.qmu.Unlock()
+			return
+		}
+		reqs, l.queue = l.queue, reqs[:0]
+		l.qmu.Unlock()
+
+		err := l.writeBatch(reqs)
+		if err != nil {
+			l.qmu.Lock()
+			if l.failed == nil {
+				l.failed = err
+				l.logf("nodelog: journal failed, refusing further writes: %v", err)
+			}
+			l.qmu.Unlock()
+		}
+		for i, r := range reqs {
+			r.err = err
+			r.done <- struct{}{}
+			reqs[i] = nil
+		}
+	}
+}
+
+func (l *Log) writeBatch(reqs []*request) error {
+	l.qmu.Lock()
+	err := l.failed
+	l.qmu.Unlock()
+	if err != nil {
+		return err
+	}
+	l.batch = l.batch[:0]
+	l.pending = l.pending[:0]
+	sync := false
+	for _, r := range reqs {
+		sync = sync || r.sync
+		for pos := 0; pos < len(r.buf); {
+			n := frameHeaderSize + int(leUint32(r.buf[pos+8:]))
+			off := l.active.size + int64(len(l.batch))
+			if off+int64(n) > l.segMax && off > l.active.base {
+				if err := l.flushPending(); err != nil {
+					return err
+				}
+				if err := l.roll(); err != nil {
+					return err
+				}
+				off = l.active.size
+			}
+			start := len(l.batch)
+			l.batch = append(l.batch, r.buf[pos:pos+n]...)
+			sealFrame(l.batch[start:], l.active.id, off)
+			l.pending = append(l.pending, pendingFrame{seg: l.active, off: off, pos: start, n: n})
+			pos += n
+		}
+	}
+	l.stats.requests.Add(uint64(len(reqs)))
+	if err := l.flushPending(); err != nil {
+		return err
+	}
+	if sync {
+		if err := l.active.f.Sync(); err != nil {
+			return fmt.Errorf("nodelog: fsync %s: %w", segName(l.active.id), err)
+		}
+		l.stats.fsyncs.Add(1)
+	}
+	if l.needPurge {
+		l.needPurge = false
+		l.purge()
+	}
+	return nil
+}
+
+// flushPending writes the batch to the active segment and applies its frames.
+func (l *Log) flushPending() error {
+	if len(l.batch) == 0 {
+		return nil
+	}
+	seg := l.active
+	if _, err := seg.f.WriteAt(l.batch, seg.size); err != nil {
+		return fmt.Errorf("nodelog: write %s: %w", segName(seg.id), err)
+	}
+	l.stats.writes.Add(1)
+	l.stats.records.Add(uint64(len(l.pending)))
+	l.segMu.Lock()
+	seg.size += int64(len(l.batch))
+	l.segMu.Unlock()
+	for _, p := range l.pending {
+		b := l.batch[p.pos : p.pos+p.n]
+		f := frame{typ: b[6], group: leUint64(b[12:]), payload: b[frameHeaderSize:]}
+		if l.applyFrame(p.seg, p.off, f) {
+			l.needPurge = true
+		}
+	}
+	l.batch = l.batch[:0]
+	l.pending = l.pending[:0]
+	return nil
+}
+
+// roll seals the active segment (fsync, so a sealed segment is never torn)
+// and starts the next one.
+func (l *Log) roll() error {
+	old := l.active
+	if err := old.f.Sync(); err != nil {
+		return fmt.Errorf("nodelog: fsync %s: %w", segName(old.id), err)
+	}
+	l.stats.fsyncs.Add(1)
+	if err := l.startSegment(old.id + 1); err != nil {
+		return err
+	}
+	l.needPurge = true
+	return nil
+}
+
+// purge deletes the oldest segments that no group needs any more. Only a
+// prefix of the sequence is ever deleted, so replay always sees, for every
+// group, a contiguous suffix of its history.
+func (l *Log) purge() {
+	minNeeded := l.active.id
+	l.groupsMu.RLock()
+	for _, g := range l.groups {
+		g.mu.RLock()
+		if len(g.locs) > 0 && uint64(g.locs[0].seg) < minNeeded {
+			minNeeded = uint64(g.locs[0].seg)
+		}
+		g.mu.RUnlock()
+	}
+	l.groupsMu.RUnlock()
+	var victims []*segment
+	l.segMu.Lock()
+	for id := minNeeded - 1; id > 0; id-- {
+		s, ok := l.segs[id]
+		if !ok {
+			break
+		}
+		delete(l.segs, id)
+		victims = append(victims, s)
+	}
+	l.segMu.Unlock()
+	if len(victims) == 0 {
+		return
+	}
+	// Oldest first: a crash in the middle leaves a contiguous sequence.
+	for i := len(victims) - 1; i >= 0; i-- {
+		s := victims[i]
+		s.f.Close()
+		if err := os.Remove(filepath.Join(l.dir, segName(s.id))); err != nil {
+			l.logf("nodelog: purge %s: %v", segName(s.id), err)
+			continue
+		}
+		l.stats.purged.Add(1)
+	}
+	if err := syncDir(l.dir); err != nil {
+		l.logf("nodelog: purge: %v", err)
+	}
+}
+
+// Close drains queued writes, syncs the active segment and closes the files.
+// Close after a clean shutdown means a host crash loses nothing even with
+// FsyncNever.
+func (l *Log) Close() error {
+	l.qmu.Lock()
+	if l.closing {
+		l.qmu.Unlock()
+		return ErrClosed
+	}
+	l.closing = true
+	l.qcond.Signal()
+	l.qmu.Unlock()
+	<-l.done
+	var err error
+	if l.failed == nil {
+		if serr := l.active.f.Sync(); serr != nil {
+			err = fmt.Errorf("nodelog: fsync on close: %w", serr)
+		}
+	}
+	if cerr := l.closeFiles(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func (l *Log) closeFiles() error {
+	var first error
+	l.segMu.Lock()
+	for _, s := range l.segs {
+		if err := s.f.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	l.segMu.Unlock()
+	if l.lockF != nil {
+		l.lockF.Close() // releases the flock
+	}
+	return first
+}
+
+// Stats returns counters and recovery facts.
+func (l *Log) Stats() Stats {
+	s := l.recovery
+	s.Writes = l.stats.writes.Load()
+	s.Fsyncs = l.stats.fsyncs.Load()
+	s.Records = l.stats.records.Load()
+	s.Requests = l.stats.requests.Load()
+	s.PurgedSegments = l.stats.purged.Load()
+	l.segMu.RLock()
+	s.Segments = len(l.segs)
+	oldest := uint64(0)
+	for id, seg := range l.segs {
+		s.Bytes += seg.size
+		if oldest == 0 || id < oldest {
+			oldest = id
+		}
+		if id > s.ActiveSegment {
+			s.ActiveSegment = id
+		}
+	}
+	l.segMu.RUnlock()
+	l.groupsMu.RLock()
+	s.Groups = len(l.groups)
+	for id, g := range l.groups {
+		g.mu.RLock()
+		s.LiveEntries += int64(len(g.locs))
+		if len(g.locs) > 0 && uint64(g.locs[0].seg) == oldest && oldest != s.ActiveSegment {
+			s.OldestSegmentPinnedBy = id
+		}
+		g.mu.RUnlock()
+	}
+	l.groupsMu.RUnlock()
+	return s
+}
