@@ -10,6 +10,10 @@ const (
 	OpTouch // renew a sliding TTL on behalf of a read
 	OpPublishSnapshot
 	OpRetain
+	// OpRecordChunk records that the bytes [Offset, ChunkEnd) of the incarnation
+	// IfIncarnation are stored in the cold object ChunkKey and trims them from the hot
+	// buffer. Offset must be the stream's current hot start.
+	OpRecordChunk
 )
 
 func (o Op) String() string {
@@ -26,6 +30,8 @@ func (o Op) String() string {
 		return "publish_snapshot"
 	case OpRetain:
 		return "retain"
+	case OpRecordChunk:
+		return "record_chunk"
 	}
 	return "unknown"
 }
@@ -64,6 +70,16 @@ type Command struct {
 	Offset         uint64
 	SnapshotType   string
 	SnapshotDigest string
+
+	// Cold tier. A snapshot publish whose body the proposer stored as an object carries
+	// its key and size instead of Body. BoundaryChecked: the proposer read the cold tier
+	// and found Offset to be a JSON message boundary (the hot buffer no longer holds the
+	// byte before it). Record chunk: ChunkKey holds [Offset, ChunkEnd).
+	SnapshotColdKey string
+	SnapshotSize    uint64
+	BoundaryChecked bool
+	ChunkKey        string
+	ChunkEnd        uint64
 }
 
 // ProducerHeaders are the idempotent producer headers of a write.

@@ -59,6 +59,7 @@ func (st *State) forkInto(ns, src *Stream, c *Command) *Error {
 		}
 	}
 	ns.Data = src.Data.Prefix(end)
+	ns.Chunks = append([]ColdChunk(nil), src.ColdChunksFor(0, end)...) // cold bytes below the fork point
 	ns.Retained = src.Retained
 	for _, a := range src.Appends {
 		if a >= off {

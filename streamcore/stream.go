@@ -30,6 +30,35 @@ type Stream struct {
 	ForkRefs       int       // live forks that read through this stream's bytes
 	SoftDeleted    bool      // deleted while forks still reference it
 	closedByRecord bool      // close came with the final append (receipt flag)
+	// Chunks are the cold objects holding the bytes below the hot buffer, in offset
+	// order and contiguous: they cover [Chunks[0].Start, Data.Base()). Retention drops
+	// the chunks wholly below it. A fork shares its source's chunks below the fork point.
+	Chunks []ColdChunk
+}
+
+// ColdChunk is one cold object holding the stream bytes [Start, End).
+type ColdChunk struct {
+	Key        string
+	Start, End uint64
+}
+
+// ColdChunksFor returns the chunks that hold bytes of [from, to) (a sub-slice; do not modify).
+func (s *Stream) ColdChunksFor(from, to uint64) []ColdChunk {
+	cs := s.Chunks
+	i, hi := 0, len(cs)
+	for i < hi { // first chunk with End > from
+		m := (i + hi) / 2
+		if cs[m].End <= from {
+			i = m + 1
+		} else {
+			hi = m
+		}
+	}
+	j := i
+	for j < len(cs) && cs[j].Start < to {
+		j++
+	}
+	return cs[i:j:j]
 }
 
 // Snapshot is the latest published snapshot of a stream.
@@ -38,6 +67,18 @@ type Snapshot struct {
 	ContentType string
 	Digest      string
 	Body        []byte
+	// ColdKey, when set, names the object holding the body (Body is then nil) and Size
+	// is its length.
+	ColdKey string
+	Size    uint64
+}
+
+// BodySize is the length of the snapshot body wherever it is stored.
+func (sn *Snapshot) BodySize() uint64 {
+	if sn.ColdKey != "" {
+		return sn.Size
+	}
+	return uint64(len(sn.Body))
 }
 
 // Tail is the offset just past the last stored byte.
@@ -68,7 +109,7 @@ func (s *Stream) Expired(now int64) bool {
 // is one (retention only moves to boundaries).
 func (s *Stream) IsBoundary(off uint64) bool {
 	if off == 0 || off == s.Retained || off == s.Tail() {
-		return off == 0 || off == s.Retained || s.Data.ByteAt(off-1) == '\n'
+		return off == 0 || off == s.Retained || s.heldByteIs(off-1, '\n')
 	}
 	if off <= s.Data.Base() {
 		return false
@@ -172,6 +213,8 @@ func (st *State) Apply(c *Command) Result {
 		return st.publishSnapshot(c)
 	case OpRetain:
 		return st.retain(c)
+	case OpRecordChunk:
+		return st.recordChunk(c)
 	}
 	return fail(Errorf(http.StatusBadRequest, CodeInvalidRequest, "unknown command"))
 }
@@ -441,7 +484,7 @@ func (st *State) publishSnapshot(c *Command) Result {
 				With(HdrSnapshotOffset, FormatOffset(sn.Offset)).With(HdrSnapshotDigest, sn.Digest))
 		}
 	}
-	if s.IsJSON() && !s.IsBoundary(c.Offset) {
+	if s.IsJSON() && !s.IsBoundary(c.Offset) && !s.coldBoundary(c) {
 		return fail(Errorf(http.StatusBadRequest, CodeNotJSONBoundary, "snapshot offset is not a JSON message boundary"))
 	}
 	if c.IfIncarnation != 0 && c.IfIncarnation != s.Incarnation {
@@ -450,6 +493,9 @@ func (st *State) publishSnapshot(c *Command) Result {
 	r := Result{Status: http.StatusNoContent}
 	if s.Snapshot == nil || s.Snapshot.Offset != c.Offset {
 		s.Snapshot = &Snapshot{Offset: c.Offset, ContentType: c.SnapshotType, Digest: c.SnapshotDigest, Body: c.Body}
+		if c.SnapshotColdKey != "" {
+			s.Snapshot.Body, s.Snapshot.ColdKey, s.Snapshot.Size = nil, c.SnapshotColdKey, c.SnapshotSize
+		}
 		r.Changed = true
 	}
 	r.set(HdrSnapshotOffset, FormatOffset(c.Offset))
@@ -468,7 +514,7 @@ func (st *State) retain(c *Command) Result {
 		if s.Snapshot == nil || c.Offset > s.Snapshot.Offset {
 			return fail(Errorf(http.StatusBadRequest, CodeInvalidRetention, "retention cannot move past the latest snapshot"))
 		}
-		if s.IsJSON() && !s.IsBoundary(c.Offset) {
+		if s.IsJSON() && !s.IsBoundary(c.Offset) && !s.coldBoundary(c) {
 			return fail(Errorf(http.StatusBadRequest, CodeNotJSONBoundary, "retention offset is not a JSON message boundary"))
 		}
 	}
@@ -480,6 +526,7 @@ func (st *State) retain(c *Command) Result {
 		s.Retained = c.Offset
 		s.Data.TrimBelow(c.Offset)
 		s.trimAppends(c.Offset)
+		s.trimChunks(c.Offset)
 		r.Changed = true
 	}
 	r.set(HdrRetainedOffset, FormatOffset(s.Retained))
@@ -496,4 +543,53 @@ func (s *Stream) trimAppends(off uint64) {
 	if i > 0 {
 		s.Appends = append([]uint64(nil), s.Appends[i:]...)
 	}
+}
+
+// coldBoundary reports whether c carries the proposer's check that c.Offset, below the
+// hot buffer, is a message boundary.
+func (s *Stream) coldBoundary(c *Command) bool {
+	return c.BoundaryChecked && c.Offset > s.Retained && c.Offset <= s.Data.Base() && c.Offset <= s.Tail()
+}
+
+// trimChunks forgets the chunks wholly below off.
+func (s *Stream) trimChunks(off uint64) {
+	i := 0
+	for i < len(s.Chunks) && s.Chunks[i].End <= off {
+		i++
+	}
+	if i > 0 {
+		s.Chunks = append([]ColdChunk(nil), s.Chunks[i:]...)
+	}
+}
+
+// CodeInvalidColdFlush refuses a record-chunk command that does not fit the stream.
+const CodeInvalidColdFlush = "INVALID_COLD_FLUSH"
+
+// recordChunk applies OpRecordChunk: the range must start at the hot start of the same
+// incarnation and end within the stream.
+func (st *State) recordChunk(c *Command) Result {
+	s := st.Live(c.Key, c.Now)
+	if s == nil || s.SoftDeleted {
+		return fail(st.NotFound(c.Key))
+	}
+	if c.IfIncarnation != s.Incarnation {
+		return fail(s.mismatch())
+	}
+	if c.ChunkKey == "" || c.Offset != s.Data.Base() || c.ChunkEnd <= c.Offset || c.ChunkEnd > s.Tail() {
+		return fail(Errorf(http.StatusConflict, CodeInvalidColdFlush, "cold chunk [%d, %d) does not start at the hot start %d or ends past the tail %d",
+			c.Offset, c.ChunkEnd, s.Data.Base(), s.Tail()))
+	}
+	s.Chunks = append(s.Chunks, ColdChunk{Key: c.ChunkKey, Start: c.Offset, End: c.ChunkEnd})
+	s.Data.TrimBelow(c.ChunkEnd)
+	return Result{Status: http.StatusNoContent}
+}
+
+// heldByteIs reports whether the hot buffer still holds the byte at off and it is c (a
+// flushed byte is not held: the cold tier has it).
+func (s *Stream) heldByteIs(off uint64, c byte) bool {
+	b := &s.Data
+	if len(b.blocks) == 0 || off < b.starts[0] || off >= b.end {
+		return false
+	}
+	return b.ByteAt(off) == c
 }
