@@ -1,0 +1,559 @@
+package streamcore
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"sort"
+)
+
+// Binary codecs of Command and State, for engines that log commands and snapshot state
+// (the raft engine). They are compact (varints, raw bodies, no JSON) and live here because
+// the state has unexported parts (the receipt ring, the buffer layout).
+//
+// Every field of every encoded type is written explicitly. statecodec_test.go lists the
+// fields of each type and fails when one is added without the codec knowing about it, and
+// round-trips a State that uses every feature through reflect-based deep comparison.
+//
+// Format versions: the first byte of an encoded command or state. Decoders refuse versions
+// they do not know.
+
+const (
+	commandCodecVersion = 1
+	stateCodecVersion   = 1
+)
+
+// ErrCodec reports a malformed encoded command or state.
+var ErrCodec = errors.New("streamcore: malformed encoding")
+
+type encoder struct{ b []byte }
+
+func (e *encoder) u(v uint64)          { e.b = binary.AppendUvarint(e.b, v) }
+func (e *encoder) i(v int64)           { e.b = binary.AppendVarint(e.b, v) }
+func (e *encoder) s(v string)          { e.u(uint64(len(v))); e.b = append(e.b, v...) }
+func (e *encoder) bs(v []byte)         { e.u(uint64(len(v))); e.b = append(e.b, v...) }
+func (e *encoder) bool(v bool)         { e.b = append(e.b, b2u(v)) }
+func (e *encoder) byte(v uint8)        { e.b = append(e.b, v) }
+func (e *encoder) present(p bool) bool { e.bool(p); return p }
+
+func b2u(v bool) byte {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) fail() {
+	if d.err == nil {
+		d.err = ErrCodec
+	}
+}
+
+func (d *decoder) u() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail()
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) i() int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.fail()
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) n() int {
+	v := d.u()
+	if v > uint64(len(d.b)) || v > math.MaxInt32*8 {
+		d.fail()
+		return 0
+	}
+	return int(v)
+}
+
+func (d *decoder) raw(n int) []byte {
+	if d.err != nil || n > len(d.b) {
+		d.fail()
+		return nil
+	}
+	p := d.b[:n:n]
+	d.b = d.b[n:]
+	return p
+}
+
+func (d *decoder) s() string { return string(d.raw(d.n())) }
+
+// bs returns a slice that aliases the input (callers decoding from a buffer they keep
+// unchanged may keep it; the raft engine never reuses log buffers).
+func (d *decoder) bs() []byte {
+	n := d.n()
+	if n == 0 {
+		d.raw(0)
+		return nil
+	}
+	return d.raw(n)
+}
+
+func (d *decoder) byte() uint8 {
+	p := d.raw(1)
+	if p == nil {
+		return 0
+	}
+	return p[0]
+}
+
+func (d *decoder) bool() bool {
+	switch d.byte() {
+	case 0:
+		return false
+	case 1:
+		return true
+	}
+	d.fail()
+	return false
+}
+
+// count reads a collection length, bounded by the remaining input (each element takes at
+// least one byte), so a corrupt length cannot make the decoder allocate without bound.
+func (d *decoder) count() int {
+	v := d.u()
+	if v > uint64(len(d.b)) {
+		d.fail()
+		return 0
+	}
+	return int(v)
+}
+
+// AppendCommand appends the binary encoding of c to b.
+func AppendCommand(b []byte, c *Command) []byte {
+	e := encoder{b}
+	e.byte(commandCodecVersion)
+	e.byte(uint8(c.Op))
+	e.s(c.Key)
+	e.i(c.Now)
+	e.u(c.IfIncarnation)
+	e.s(c.ContentType)
+	e.i(c.TTL)
+	e.s(c.ExpiresAt)
+	e.i(c.ExpiresAtMs)
+	e.u(c.NewIncarnation)
+	if e.present(c.Fork != nil) {
+		e.forkSpec(c.Fork)
+	}
+	e.bs(c.Body)
+	e.i(int64(c.Messages))
+	e.bool(c.Close)
+	e.s(c.StreamSeq)
+	if e.present(c.BodyFault != nil) {
+		e.err(c.BodyFault)
+	}
+	if e.present(c.Producer != nil) {
+		e.s(c.Producer.ID)
+		e.u(c.Producer.Epoch)
+		e.u(c.Producer.Seq)
+		e.s(c.Producer.Digest)
+	}
+	e.bool(c.DigestBad)
+	e.bool(c.WithIncHdr)
+	e.u(c.Offset)
+	e.s(c.SnapshotType)
+	e.s(c.SnapshotDigest)
+	e.s(c.SnapshotColdKey)
+	e.u(c.SnapshotSize)
+	e.bool(c.BoundaryChecked)
+	e.s(c.ChunkKey)
+	e.u(c.ChunkEnd)
+	return e.b
+}
+
+// DecodeCommand decodes a command encoded by AppendCommand. Body aliases b.
+func DecodeCommand(b []byte) (*Command, error) {
+	d := decoder{b: b}
+	if v := d.byte(); v != commandCodecVersion {
+		return nil, fmt.Errorf("%w: command codec version %d", ErrCodec, v)
+	}
+	c := &Command{}
+	c.Op = Op(d.byte())
+	c.Key = d.s()
+	c.Now = d.i()
+	c.IfIncarnation = d.u()
+	c.ContentType = d.s()
+	c.TTL = d.i()
+	c.ExpiresAt = d.s()
+	c.ExpiresAtMs = d.i()
+	c.NewIncarnation = d.u()
+	if d.bool() {
+		c.Fork = d.forkSpec()
+	}
+	c.Body = d.bs()
+	if c.Op == OpPublishSnapshot {
+		c.Body = clone(c.Body) // kept as the snapshot body: never alias a log buffer
+	}
+	c.Messages = int(d.i())
+	c.Close = d.bool()
+	c.StreamSeq = d.s()
+	if d.bool() {
+		c.BodyFault = d.err2()
+	}
+	if d.bool() {
+		c.Producer = &ProducerHeaders{ID: d.s(), Epoch: d.u(), Seq: d.u(), Digest: d.s()}
+	}
+	c.DigestBad = d.bool()
+	c.WithIncHdr = d.bool()
+	c.Offset = d.u()
+	c.SnapshotType = d.s()
+	c.SnapshotDigest = d.s()
+	c.SnapshotColdKey = d.s()
+	c.SnapshotSize = d.u()
+	c.BoundaryChecked = d.bool()
+	c.ChunkKey = d.s()
+	c.ChunkEnd = d.u()
+	if d.err == nil && len(d.b) != 0 {
+		d.fail()
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	return c, nil
+}
+
+func (e *encoder) forkSpec(f *ForkSpec) {
+	e.s(f.Source)
+	e.u(f.Offset)
+	e.bool(f.HasOffset)
+	e.u(f.SubOffset)
+}
+
+func (d *decoder) forkSpec() *ForkSpec {
+	return &ForkSpec{Source: d.s(), Offset: d.u(), HasOffset: d.bool(), SubOffset: d.u()}
+}
+
+func (e *encoder) err(x *Error) {
+	e.i(int64(x.Status))
+	e.s(x.Code)
+	e.s(x.Message)
+	keys := make([]string, 0, len(x.Headers))
+	for k := range x.Headers {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	e.u(uint64(len(keys)))
+	for _, k := range keys {
+		e.s(k)
+		e.s(x.Headers[k])
+	}
+}
+
+func (d *decoder) err2() *Error {
+	x := &Error{Status: int(d.i()), Code: d.s(), Message: d.s()}
+	if n := d.count(); n > 0 {
+		x.Headers = make(map[string]string, n)
+		for range n {
+			k := d.s()
+			x.Headers[k] = d.s()
+		}
+	}
+	return x
+}
+
+// WriteState writes the binary encoding of every stream and bucket of st to w (Peer is not
+// part of the state). Streams are written in key order, so equal states encode equally.
+// A fork's bytes are written in full (its shared prefix is not deduplicated); a restored
+// fork holds its own copy.
+func WriteState(w io.Writer, st *State) error {
+	e := encoder{}
+	e.byte(stateCodecVersion)
+	buckets := make([]string, 0, len(st.Buckets))
+	for b, ok := range st.Buckets {
+		if ok {
+			buckets = append(buckets, b)
+		}
+	}
+	sort.Strings(buckets)
+	e.u(uint64(len(buckets)))
+	for _, b := range buckets {
+		e.s(b)
+	}
+	keys := make([]string, 0, len(st.Streams))
+	for k := range st.Streams {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	e.u(uint64(len(keys)))
+	for _, k := range keys {
+		e.s(k)
+		e.stream(st.Streams[k])
+		// Flush per stream so a large state is never held twice in memory.
+		if len(e.b) > 1<<20 {
+			if _, err := w.Write(e.b); err != nil {
+				return err
+			}
+			e.b = e.b[:0]
+		}
+	}
+	_, err := w.Write(e.b)
+	return err
+}
+
+// ReadState decodes a state written by WriteState.
+func ReadState(b []byte) (*State, error) {
+	d := decoder{b: b}
+	if v := d.byte(); v != stateCodecVersion {
+		return nil, fmt.Errorf("%w: state codec version %d", ErrCodec, v)
+	}
+	st := NewState()
+	for range d.count() {
+		st.Buckets[d.s()] = true
+	}
+	for n := d.count(); n > 0 && d.err == nil; n-- {
+		k := d.s()
+		st.Streams[k] = d.stream()
+	}
+	if d.err == nil && len(d.b) != 0 {
+		d.fail()
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	return st, nil
+}
+
+func (e *encoder) stream(s *Stream) {
+	e.s(s.Key)
+	e.s(s.ContentType)
+	e.i(s.TTL)
+	e.s(s.ExpiresAt)
+	e.i(s.ExpiresAtMs)
+	e.bool(s.Closed)
+	e.u(s.Incarnation)
+	e.i(s.CreatedMs)
+	e.i(s.RenewedMs)
+	e.u(s.Retained)
+	// Data: the held start (the first byte of the first block, which may lie below Base
+	// after a trim: heldByteIs looks at it), Base, then the held bytes.
+	held := s.Data.heldStart()
+	e.u(held)
+	e.u(s.Data.Base() - held)
+	e.u(s.Data.End() - held)
+	for _, blk := range s.Data.blocks {
+		e.b = append(e.b, blk...)
+	}
+	e.u(uint64(len(s.Appends)))
+	prev := uint64(0)
+	for _, a := range s.Appends {
+		e.u(a - prev) // ascending: deltas are small
+		prev = a
+	}
+	e.s(s.StreamSeq)
+	ids := make([]string, 0, len(s.Producers))
+	for id := range s.Producers {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	e.u(uint64(len(ids)))
+	for _, id := range ids {
+		e.s(id)
+		e.producer(s.Producers[id])
+	}
+	e.receipts(&s.Receipts)
+	e.u(s.EpochFloor)
+	e.bool(s.HasEpochFloor)
+	if e.present(s.Snapshot != nil) {
+		e.u(s.Snapshot.Offset)
+		e.s(s.Snapshot.ContentType)
+		e.s(s.Snapshot.Digest)
+		e.bs(s.Snapshot.Body)
+		e.s(s.Snapshot.ColdKey)
+		e.u(s.Snapshot.Size)
+	}
+	if e.present(s.Fork != nil) {
+		e.forkSpec(s.Fork)
+	}
+	e.i(int64(s.ForkRefs))
+	e.bool(s.SoftDeleted)
+	e.bool(s.closedByRecord)
+	e.u(uint64(len(s.Chunks)))
+	for _, ch := range s.Chunks {
+		e.s(ch.Key)
+		e.u(ch.Start)
+		e.u(ch.End)
+	}
+}
+
+// heldStart is the offset of the first byte the buffer still holds (Base when empty).
+func (b *Buffer) heldStart() uint64 {
+	if len(b.starts) == 0 {
+		return b.base
+	}
+	return b.starts[0]
+}
+
+func (d *decoder) stream() *Stream {
+	s := &Stream{}
+	s.Key = d.s()
+	s.ContentType = d.s()
+	s.TTL = d.i()
+	s.ExpiresAt = d.s()
+	s.ExpiresAtMs = d.i()
+	s.Closed = d.bool()
+	s.Incarnation = d.u()
+	s.CreatedMs = d.i()
+	s.RenewedMs = d.i()
+	s.Retained = d.u()
+	held := d.u()
+	base := held + d.u()
+	data := d.raw(d.n())
+	if base > held+uint64(len(data)) {
+		d.fail()
+	}
+	s.Data = Buffer{base: held, end: held}
+	s.Data.Append(data) // copies: the restored state never aliases the input
+	s.Data.base = base
+	if n := d.count(); n > 0 {
+		s.Appends = make([]uint64, n)
+		prev := uint64(0)
+		for i := range s.Appends {
+			prev += d.u()
+			s.Appends[i] = prev
+		}
+	}
+	s.StreamSeq = d.s()
+	s.Producers = map[string]*Producer{}
+	for n := d.count(); n > 0 && d.err == nil; n-- {
+		id := d.s()
+		s.Producers[id] = d.producer()
+	}
+	d.receipts(&s.Receipts)
+	s.EpochFloor = d.u()
+	s.HasEpochFloor = d.bool()
+	if d.bool() {
+		s.Snapshot = &Snapshot{Offset: d.u(), ContentType: d.s(), Digest: d.s()}
+		s.Snapshot.Body = clone(d.bs())
+		s.Snapshot.ColdKey = d.s()
+		s.Snapshot.Size = d.u()
+	}
+	if d.bool() {
+		s.Fork = d.forkSpec()
+	}
+	s.ForkRefs = int(d.i())
+	s.SoftDeleted = d.bool()
+	s.closedByRecord = d.bool()
+	if n := d.count(); n > 0 {
+		s.Chunks = make([]ColdChunk, n)
+		for i := range s.Chunks {
+			s.Chunks[i] = ColdChunk{Key: d.s(), Start: d.u(), End: d.u()}
+		}
+	}
+	return s
+}
+
+func (e *encoder) producer(p *Producer) {
+	e.u(p.Epoch)
+	e.u(p.LastSeq)
+	e.i(p.LastSeen)
+	e.u(p.ClosedEpoch)
+	e.u(p.ClosedSeq)
+	e.bool(p.HasClosed)
+	e.s(p.ClaimDigest)
+	e.receipt(&p.Newest)
+	e.bool(p.AboveFloor)
+}
+
+func (d *decoder) producer() *Producer {
+	p := &Producer{}
+	p.Epoch = d.u()
+	p.LastSeq = d.u()
+	p.LastSeen = d.i()
+	p.ClosedEpoch = d.u()
+	p.ClosedSeq = d.u()
+	p.HasClosed = d.bool()
+	p.ClaimDigest = d.s()
+	p.Newest = d.receipt()
+	p.AboveFloor = d.bool()
+	return p
+}
+
+func (e *encoder) receipt(r *Receipt) {
+	e.s(r.Producer)
+	e.u(r.Epoch)
+	e.u(r.Seq)
+	e.s(r.Digest)
+	e.u(r.Start)
+	e.u(r.End)
+	e.bool(r.Closed)
+}
+
+func (d *decoder) receipt() Receipt {
+	return Receipt{Producer: d.s(), Epoch: d.u(), Seq: d.u(), Digest: d.s(), Start: d.u(), End: d.u(), Closed: d.bool()}
+}
+
+// receipts writes the ring in slot order and the next slot; the index is derived.
+func (e *encoder) receipts(w *ReceiptWindow) {
+	e.u(uint64(len(w.ring)))
+	for i := range w.ring {
+		e.receipt(&w.ring[i])
+	}
+	e.u(uint64(w.next))
+}
+
+func (d *decoder) receipts(w *ReceiptWindow) {
+	n := d.count()
+	if n > ReceiptWindowSize {
+		d.fail()
+		return
+	}
+	if n > 0 {
+		w.ring = make([]Receipt, n)
+		for i := range w.ring {
+			w.ring[i] = d.receipt()
+		}
+	}
+	next := d.u()
+	if n < ReceiptWindowSize && next != 0 || n == ReceiptWindowSize && next >= ReceiptWindowSize {
+		d.fail()
+		return
+	}
+	w.next = int(next)
+	if n == 0 {
+		return
+	}
+	// Rebuild the index in insertion order (oldest first), so a key held twice maps to
+	// its newest slot, as add leaves it.
+	w.index = make(map[receiptKey]int, n)
+	first := 0
+	if n == ReceiptWindowSize {
+		first = w.next
+	}
+	for k := range n {
+		i := (first + k) % n
+		r := &w.ring[i]
+		w.index[receiptKey{r.Producer, r.Epoch, r.Seq}] = i
+	}
+}
+
+func clone(p []byte) []byte {
+	if p == nil {
+		return nil
+	}
+	return append([]byte(nil), p...)
+}
