@@ -466,8 +466,9 @@ func TestConcurrentGroups(t *testing.T) {
 				}(w)
 			}
 			// A concurrent reader of stats and indexes.
-			stop := make(chan struct{})
-			go func() {
+			stop, stopped := make(chan struct{}), make(chan struct{})
+			go func(l *Log) {
+				defer close(stopped)
 				for {
 					select {
 					case <-stop:
@@ -477,9 +478,10 @@ func TestConcurrentGroups(t *testing.T) {
 						l.Group(1).LastIndex()
 					}
 				}
-			}()
+			}(l)
 			wg.Wait()
 			close(stop)
+			<-stopped
 			close(errs)
 			for err := range errs {
 				t.Fatal(err)
