@@ -30,6 +30,12 @@ type Options struct {
 	ReadOnly bool
 	// Client overrides the HTTP client (tokens, transport).
 	Client *streamcore.Client
+	// Follow makes a read-only replica that follows the stream live: the file is rebuilt
+	// from the stream, then a background applier applies each new commit between read
+	// transactions (a read transaction keeps its snapshot), until the *sql.DB is closed.
+	// It implies ReadOnly: it claims nothing and never writes the stream. FollowStatus
+	// (and Status) report how far it got and why it stopped, if it did.
+	Follow bool
 }
 
 // Open attaches the database at opts.Path to the stream at streamURL and returns it as a
@@ -38,6 +44,9 @@ type Options struct {
 // server acknowledged it, and an older owner is fenced. A second process on the same file
 // gets an in_use error. Only WAL mode with 4 KiB pages is supported.
 func Open(streamURL string, opts Options) (*sql.DB, error) {
+	if opts.Follow {
+		return openFollower(streamURL, opts)
+	}
 	if err := replicator.CheckURL(streamURL); err != nil {
 		return nil, err
 	}
@@ -96,6 +105,9 @@ func Status(path string) (replicator.Status, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return replicator.Status{}, err
+	}
+	if f := lookupFollower(abs); f != nil {
+		return f.status(), nil
 	}
 	db := Lookup(abs)
 	if db == nil {
