@@ -11,7 +11,6 @@ type Kind string
 const (
 	KindNotApplied   Kind = "not_applied"       // the server refused; nothing was written
 	KindTooLarge     Kind = "too_large"         // the commit frame is over URSULA_VFS_MAX_FRAME_BYTES
-	KindPoisoned     Kind = "poisoned"          // a commit's outcome stayed unknown past the retry budget
 	KindFenced       Kind = "fenced"            // a newer owner claimed the stream
 	KindNotFound     Kind = "not_found"         // the stream does not exist (and the local file is not empty)
 	KindInUse        Kind = "in_use"            // another process holds the local file
@@ -22,6 +21,17 @@ const (
 	KindUnavailable  Kind = "unavailable"       // the server could not be reached or answered 5xx
 	KindUnsupported  Kind = "unsupported"       // page size / journal mode the replicator does not support
 	KindLocalSetup   Kind = "local_setup"       // a local file could not be read or written
+
+	// Poison kinds: the file no longer takes commits until it is attached again.
+	KindOutcomeUnknown Kind = "outcome_unknown" // a commit may or may not have been applied
+	KindLocalDamage    Kind = "local_damage"    // the local file lost a write the stream has
+
+	// Refused-commit kinds (action retry): the commit failed alone, nothing was written.
+	KindPaymentRequired Kind = "payment_required" // 402
+	KindUnauthorized    Kind = "unauthorized"     // 401, still refused after re-reading the token
+	KindForbidden       Kind = "forbidden"        // 403 with both not-applied headers
+	KindRateLimited     Kind = "rate_limited"     // 429
+	KindUnreachable     Kind = "unreachable"      // the last attempt never went out
 )
 
 // Action says what the caller should do about an error.

@@ -29,10 +29,33 @@ type Options struct {
 	RetryBudget   time.Duration // URSULA_VFS_RETRY_MS, default 30 s
 	AttemptLimit  time.Duration // per append attempt, default 10 s
 	MaxFrameBytes int           // URSULA_VFS_MAX_FRAME_BYTES, default 32 MiB
-	Log           io.Writer     // logfmt events; default stderr
+	// SnapshotMinBytes is the smallest log between snapshots (URSULA_VFS_SNAPSHOT_MIN_BYTES,
+	// default 8 MiB): a snapshot is due when the log since the latest one exceeds
+	// max(database size, SnapshotMinBytes).
+	SnapshotMinBytes int
+	Log              io.Writer // logfmt events; default stderr
+
+	tokenFile string // URSULA_VFS_TOKEN_FILE, re-read on every 401
+}
+
+// reloadToken reads the token file again. An empty, missing or unreadable file keeps the
+// last token (a half-written rotation must not log everyone out).
+func (o *Options) reloadToken() {
+	if o.tokenFile == "" {
+		return
+	}
+	b, err := os.ReadFile(o.tokenFile)
+	if tok := string(bytes.TrimSpace(b)); err == nil && tok != "" {
+		o.Client.SetToken(tok)
+		return
+	}
+	fmt.Fprintf(o.Log, "sqlite-ursula-vfs level=warn event=token_file_unreadable file=%q\n", o.tokenFile)
 }
 
 func (o *Options) defaults() error {
+	if o.SnapshotMinBytes == 0 {
+		o.SnapshotMinBytes = envInt("URSULA_VFS_SNAPSHOT_MIN_BYTES", 8<<20)
+	}
 	if o.RetryBudget == 0 {
 		o.RetryBudget = envDuration("URSULA_VFS_RETRY_MS", 30*time.Second)
 	}
@@ -47,21 +70,20 @@ func (o *Options) defaults() error {
 	}
 	if o.Client == nil {
 		tr := streamcore.NewTransport()
-		if ms := envInt("URSULA_VFS_IDLE_MS", 0); ms > 0 {
-			tr.IdleConnTimeout = time.Duration(ms) * time.Millisecond
+		tr.IdleConnTimeout = 90 * time.Second // URSULA_VFS_IDLE_MS; 0 disables reuse
+		if v, err := strconv.Atoi(os.Getenv("URSULA_VFS_IDLE_MS")); err == nil && v >= 0 {
+			tr.IdleConnTimeout = time.Duration(v) * time.Millisecond
+			tr.DisableKeepAlives = v == 0
 		}
 		c, err := streamcore.NewClient("", streamcore.WithHTTPClient(&http.Client{Transport: tr}))
 		if err != nil {
 			return err
 		}
-		if p := os.Getenv("URSULA_VFS_TOKEN_FILE"); p != "" {
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return newError(KindInvalidURL, ActionFix, err, "URSULA_VFS_TOKEN_FILE")
-			}
-			c.SetToken(string(bytes.TrimSpace(b)))
-		}
+		// A redirect is never followed: 307 is resent to the same URL, others fail.
+		c.MaxRedirects = -1
 		o.Client = c
+		o.tokenFile = os.Getenv("URSULA_VFS_TOKEN_FILE")
+		o.reloadToken()
 	}
 	return nil
 }
@@ -118,8 +140,13 @@ type Replica struct {
 	fenced   bool
 	poisoned bool
 	lastErr  *Error
+	stopErr  *Error // the poison or fence that stopped this replica
 	commits  uint64
+	retries  uint64 // append attempts beyond the first, over acknowledged commits
 	logBytes uint64 // bytes appended by this replica
+	dbBytes  uint64 // database size after the last commit (snapshot_due_bytes)
+
+	snap *snapshotter // snapshot + retention goroutine (snapshot.go); nil until attached
 }
 
 // Attach makes the local database file at path reflect the stream at url and claims the
@@ -189,6 +216,7 @@ func Attach(ctx context.Context, streamURL, path string, opts Options) (*Replica
 	if err := r.SaveState(); err != nil {
 		return nil, newError(KindLocalSetup, ActionFix, err, "writing the sidecar %s", SidecarPath(path))
 	}
+	r.startSnapshots(img, info)
 	return r, nil
 }
 
@@ -336,6 +364,7 @@ func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 	}
 	deadline := time.Now().Add(r.opts.RetryBudget)
 	backoff := 50 * time.Millisecond
+	var unknown error // the first attempt whose outcome is unknown: later refusals prove nothing
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, min(r.opts.AttemptLimit, time.Until(deadline)))
 		wr, err := r.opts.Client.Append(actx, r.url, body, opts)
@@ -343,61 +372,156 @@ func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 		if err == nil {
 			if wr.NextOffset == "" {
 				// A duplicate whose receipt was evicted: applied, but where is unknown.
-				return r.fail(newError(KindPoisoned, ActionReattach, nil, "commit applied but its receipt was evicted; re-attach to learn the stream position"), true)
+				r.poisoned = true
+				return r.fail(newError(KindOutcomeUnknown, ActionReattach, nil, "commit applied but its receipt was evicted; re-attach to learn the stream position"), true)
 			}
 			end, _ := streamcore.ParseOffset(wr.NextOffset)
 			start, _ := streamcore.ParseOffset(wr.Offset)
 			r.seq, r.tail = seq, end
 			r.commits++
+			r.retries += uint64(attempt - 1)
 			r.logBytes += end - start
+			if r.lastErr != nil && !r.poisoned && !r.fenced {
+				r.logf("writes_resumed", "after=%s", r.lastErr.Kind)
+			}
 			r.lastErr = nil
+			r.dbBytes = uint64(cm.DBPages) * uint64(cm.PageSize)
+			r.snap.poke() // never blocks: the snapshot goroutine decides
 			return nil
 		}
-		var ce *streamcore.ClientError
-		errors.As(err, &ce)
-		switch {
-		case ce != nil && ce.Fenced():
+		v := classifyCommit(err)
+		switch v.step {
+		case stepFence:
 			r.fenced = true
-			return r.fail(newError(KindFenced, ActionStop, err, "a newer owner (epoch %d) claimed the stream", ce.ProducerEpoch), true)
-		case ce != nil && ce.Status == http.StatusConflict:
-			r.fenced = true
-			return r.fail(newError(KindFenced, ActionStop, err, "the stream moved under this owner (%s)", ce.Code), true)
-		case streamcore.OutcomeOf(err) == streamcore.NotApplied:
-			return r.fail(newError(KindNotApplied, ActionRetry, err, "the server refused the commit; nothing was written"), false)
-		}
-		if ctx.Err() != nil || time.Now().After(deadline) {
+			return r.fail(newError(KindFenced, ActionStop, err, "%s", v.reason), true)
+		case stepPoison:
 			r.poisoned = true
-			return r.fail(newError(KindPoisoned, ActionReattach, err, "commit outcome unknown after %d attempts within %v", attempt, r.opts.RetryBudget), true)
+			return r.fail(newError(v.kind, ActionReattach, err, "%s", v.reason), true)
+		case stepFix:
+			r.poisoned = true
+			return r.fail(newError(v.kind, ActionFix, err, "%s", v.reason), true)
+		case stepFailAlone:
+			if unknown != nil {
+				break // an earlier attempt may have applied it: keep trying
+			}
+			return r.fail(newError(v.kind, ActionRetry, err, "%s; nothing of the commit reached the stream and the database stays usable", v.reason), false)
+		case stepRetryUnknown:
+			if unknown == nil {
+				unknown = err
+			}
 		}
-		r.logf("append_retry", "attempt=%d seq=%d err=%q", attempt, seq, err.Error())
+		wait := backoff
+		var ce *streamcore.ClientError
+		if errors.As(err, &ce) && ce.RetryAfter > 0 {
+			wait = max(wait, ce.RetryAfter)
+		}
+		if ctx.Err() != nil || time.Until(deadline) <= wait {
+			r.logf("append_gave_up", "attempt=%d seq=%d elapsed_ms=%d reason=%q", attempt, seq, r.opts.RetryBudget.Milliseconds(), err.Error())
+			if unknown != nil {
+				r.poisoned = true
+				return r.fail(newError(KindOutcomeUnknown, ActionReattach, err, "commit outcome unknown after %d attempts within %v (first unknown: %v)", attempt, r.opts.RetryBudget, unknown), true)
+			}
+			return r.fail(newError(v.kind, ActionRetry, err, "%s after %d attempts within %v; nothing of the commit reached the stream and the database stays usable", v.reason, attempt, r.opts.RetryBudget), false)
+		}
+		r.logf("append_retry", "attempt=%d seq=%d reason=%q", attempt, seq, err.Error())
+		if v.kind == KindUnauthorized {
+			r.opts.reloadToken()
+		}
 		select {
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		case <-ctx.Done():
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}
 }
 
+type commitStep int
+
+const (
+	stepRetryRefused commitStep = iota // proven not applied; retry within the budget
+	stepRetryUnknown                   // outcome unknown; retry with the same seq
+	stepFailAlone                      // proven not applied; fail now, the file stays usable
+	stepPoison                         // the local file may disagree with the stream: reattach
+	stepFix                            // a setup problem (a redirect): poison, action fix
+	stepFence                          // another owner or another incarnation: stop
+)
+
+type commitVerdict struct {
+	step   commitStep
+	kind   Kind
+	reason string
+}
+
+// classifyCommit sorts one append attempt's failure by checklist-vfs J: only a few
+// answers prove that nothing was applied; a redirect or an unmarked 5xx proves nothing.
+func classifyCommit(err error) commitVerdict {
+	var ce *streamcore.ClientError
+	if !errors.As(err, &ce) {
+		return commitVerdict{stepRetryUnknown, KindOutcomeUnknown, err.Error()}
+	}
+	marked := ce.NotApplied != "" && ce.Header.Get(streamcore.HdrNotAppliedChecked) != ""
+	reason := ce.Message
+	if reason == "" && ce.NotApplied != "" {
+		reason = ce.NotApplied
+	}
+	if len(reason) > 256 {
+		reason = reason[:256] + "..."
+	}
+	switch st := ce.Status; {
+	case st == 0 && ce.Outcome == streamcore.NotApplied:
+		return commitVerdict{stepRetryRefused, KindUnreachable, "never sent: " + reason}
+	case st == 0:
+		return commitVerdict{stepRetryUnknown, KindOutcomeUnknown, "no answer: " + reason}
+	case ce.Fenced():
+		return commitVerdict{stepFence, KindFenced, fmt.Sprintf("a newer owner (epoch %d) claimed the stream", ce.ProducerEpoch)}
+	case st == http.StatusPreconditionFailed:
+		return commitVerdict{stepFence, KindFenced, "the stream was deleted and recreated (new incarnation)"}
+	case st == http.StatusConflict && ce.ProducerExpectedSeq < 0 && !ce.StreamClosed:
+		return commitVerdict{stepFence, KindFenced, "another writer appended to the stream (Stream-Seq conflict)"}
+	case st == http.StatusTemporaryRedirect:
+		return commitVerdict{stepRetryUnknown, KindOutcomeUnknown, "307 redirect (resent to the same URL)"}
+	case st >= 300 && st < 400:
+		return commitVerdict{stepFix, KindInvalidURL, fmt.Sprintf("the stream URL answered %d redirecting to %q; redirects are not followed, use the URL that answers directly", st, ce.Location)}
+	case st == http.StatusPaymentRequired:
+		return commitVerdict{stepFailAlone, KindPaymentRequired, "402 Payment Required: " + reason}
+	case st == http.StatusUnauthorized:
+		return commitVerdict{stepRetryRefused, KindUnauthorized, "401 Unauthorized: " + reason}
+	case st == http.StatusTooManyRequests:
+		return commitVerdict{stepRetryRefused, KindRateLimited, "429 Too Many Requests: " + reason}
+	case marked && st == http.StatusForbidden:
+		return commitVerdict{stepFailAlone, KindForbidden, "403 Forbidden: " + reason}
+	case marked && st == http.StatusRequestEntityTooLarge:
+		return commitVerdict{stepFailAlone, KindTooLarge, "413: " + reason}
+	case marked && st < 500:
+		return commitVerdict{stepFailAlone, KindNotApplied, fmt.Sprintf("%d: %s", st, reason)}
+	case marked:
+		return commitVerdict{stepRetryRefused, KindNotApplied, fmt.Sprintf("%d: %s", st, reason)}
+	case st == http.StatusNotFound:
+		return commitVerdict{stepFence, KindFenced, "the stream was deleted"}
+	case st >= 500:
+		return commitVerdict{stepRetryUnknown, KindOutcomeUnknown, fmt.Sprintf("%d without the not-applied headers: %s", st, reason)}
+	}
+	return commitVerdict{stepPoison, KindOutcomeUnknown, fmt.Sprintf("%d without the not-applied headers proves nothing: %s", ce.Status, reason)}
+}
+
 func (r *Replica) usable() error {
-	switch {
-	case r.fenced:
-		return newError(KindFenced, ActionStop, nil, "this owner was fenced by a newer claim")
-	case r.poisoned:
-		return newError(KindPoisoned, ActionReattach, nil, "an earlier commit's outcome is unknown; re-attach")
+	if r.stopErr != nil {
+		e := *r.stopErr
+		return &e
 	}
 	return nil
 }
 
+// fail records a failed commit; a sticky one (poison, fence) refuses every later read
+// and write until the file is attached again.
 func (r *Replica) fail(e *Error, sticky bool) error {
 	r.lastErr = e
-	event := "commit_refused"
-	switch e.Kind {
-	case KindFenced:
-		event = "fenced"
-	case KindPoisoned:
-		event = "poisoned"
+	if sticky && r.stopErr == nil {
+		r.stopErr = e
+		r.logf("poisoned", "file=%q fenced=%t kind=%s action=%s reason=%q", r.path, r.fenced, e.Kind, e.Action, e.Message)
+		return e
 	}
-	r.logf(event, "kind=%s action=%s msg=%q", e.Kind, e.Action, e.Message)
+	r.logf("writes_refused", "kind=%s reason=%q", e.Kind, e.Message)
 	return e
 }
 
@@ -407,7 +531,7 @@ func (r *Replica) Poison(reason string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.poisoned = true
-	r.fail(newError(KindPoisoned, ActionReattach, nil, "%s", reason), true)
+	r.fail(newError(KindLocalDamage, ActionReattach, nil, "%s", reason), true)
 }
 
 // Usable reports the error reads and writes must fail with (fenced or poisoned), if any.
@@ -431,10 +555,19 @@ type Status struct {
 	Offset     uint64 `json:"offset"`
 	Epoch      uint64 `json:"epoch"`
 	Commits    uint64 `json:"commits"`
-	LogBytes   uint64 `json:"log_bytes"`
+	LogBytes   uint64 `json:"log_bytes"` // log since the latest snapshot (the whole log when none)
 	Poisoned   bool   `json:"poisoned"`
 	Fenced     bool   `json:"fenced"`
-	Error      *struct {
+
+	// Snapshots (snapshot.go). Offsets are strings, "-1" = none (checklist Q152).
+	Snapshot         string `json:"snapshot"`           // latest snapshot offset known
+	Retained         string `json:"retained"`           // retention offset known
+	SnapshotDueBytes uint64 `json:"snapshot_due_bytes"` // max(database size, SnapshotMinBytes)
+	SnapshotAgeMs    *int64 `json:"snapshot_age_ms"`    // since this owner last published; null: none
+	SnapshotFailures int    `json:"snapshot_failures"`  // failed attempts in a row
+	SnapshotError    string `json:"snapshot_error"`     // reason of the last failure; "" after a success
+	SnapshotBytes    *int64 `json:"snapshot_bytes"`     // compressed size of the latest body built; null: none since attach
+	Error            *struct {
 		Kind    Kind   `json:"kind"`
 		Action  Action `json:"action"`
 		Message string `json:"message"`
@@ -446,6 +579,7 @@ func (r *Replica) Status() Status {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st := Status{URL: r.url, AttachMode: r.attachMode, Offset: r.tail, Epoch: r.epoch, Commits: r.commits, LogBytes: r.logBytes, Poisoned: r.poisoned, Fenced: r.fenced}
+	r.snapshotStatus(&st)
 	if e := r.lastErr; e != nil {
 		st.Error = &struct {
 			Kind    Kind   `json:"kind"`

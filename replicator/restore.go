@@ -35,7 +35,6 @@ func Restore(ctx context.Context, c *streamcore.Client, url, dst string, at uint
 		return nil, classifyRead(err, "HEAD of the stream")
 	}
 	tail, _ := streamcore.ParseOffset(info.NextOffset)
-	retained, _ := streamcore.ParseOffset(info.RetainedOffset)
 	target := tail
 	if at != 0 {
 		if at > tail {
@@ -56,28 +55,7 @@ func Restore(ctx context.Context, c *streamcore.Client, url, dst string, at uint
 		}
 	}()
 	img := &Image{}
-	from := uint64(0)
-	if info.SnapshotOffset != "" {
-		snapOff, _ := streamcore.ParseOffset(info.SnapshotOffset)
-		if snapOff <= target {
-			sr, err := c.ReadSnapshot(ctx, url, info.SnapshotOffset)
-			if err != nil {
-				return nil, classifyRead(err, "snapshot read")
-			}
-			h, image, err := DecodeSnapshot(sr.Data, 1<<40)
-			if err != nil {
-				return nil, newError(KindDamaged, ActionStop, err, "snapshot at %d", snapOff)
-			}
-			if _, err := f.WriteAt(image, 0); err != nil {
-				return nil, err
-			}
-			img.PageSize, img.DBPages, img.Epoch, from = h.PageSize, h.DBPages, h.Epoch, snapOff
-		}
-	}
-	if from < retained {
-		return nil, newError(KindNotFound, ActionFix, nil, "offset %d is no longer reconstructible: retention is at %d and the latest snapshot is past it", target, retained)
-	}
-	if err := replay(ctx, c, url, f, img, from, target, maxFrame, progress); err != nil {
+	if _, err := rebuild(ctx, c, url, f, img, info, target, maxFrame, progress); err != nil {
 		return nil, err
 	}
 	if err := f.Truncate(int64(img.DBPages) * int64(img.PageSize)); err != nil {
@@ -93,6 +71,55 @@ func Restore(ctx context.Context, c *streamcore.Client, url, dst string, at uint
 	}
 	ok = true
 	return img, nil
+}
+
+// MaxSnapshotImage is the largest database image a snapshot may hold, and what a rebuild
+// passes to DecodeSnapshot. The server stores a snapshot body of at most 1 GiB (cold tier,
+// checklist P149) and DecodeSnapshot allocates the whole image, so the bound is 1 GiB of
+// image (the 40-byte blob header is not part of the image the limit counts). The publisher
+// refuses to publish a larger image, so a larger declared size is not one of ours: it is
+// refused before anything is allocated instead of trusting a size field up to 1 TiB.
+const MaxSnapshotImage = 1 << 30
+
+// rebuild writes into f (empty) the stream as of target: the latest snapshot if it is at
+// or below target (info is a HEAD of the stream), then the records up to target. It
+// returns the size of the snapshot body it installed (0: none).
+func rebuild(ctx context.Context, c *streamcore.Client, url string, f *os.File, img *Image, info *streamcore.StreamInfo, target uint64, maxFrame int, progress Progress) (int, error) {
+	retained, _ := streamcore.ParseOffset(info.RetainedOffset)
+	from, installed := uint64(0), 0
+	if info.SnapshotOffset != "" {
+		snapOff, _ := streamcore.ParseOffset(info.SnapshotOffset)
+		if snapOff <= target {
+			sr, err := c.ReadSnapshot(ctx, url, info.SnapshotOffset)
+			if err != nil {
+				return 0, classifyRead(err, "snapshot read")
+			}
+			h, image, err := DecodeSnapshot(sr.Data, MaxSnapshotImage)
+			if err != nil {
+				return 0, newError(KindDamaged, ActionStop, err, "snapshot at %d", snapOff)
+			}
+			if h.Offset != snapOff {
+				return 0, newError(KindDamaged, ActionStop, nil, "snapshot published at %d says it folds the stream up to %d", snapOff, h.Offset)
+			}
+			if _, err := f.WriteAt(image, 0); err != nil {
+				return 0, err
+			}
+			img.PageSize, img.DBPages, img.Epoch, from = h.PageSize, h.DBPages, h.Epoch, snapOff
+			installed = len(sr.Data)
+		}
+	}
+	if from < retained {
+		return 0, newError(KindNotFound, ActionFix, nil, "offset %d is no longer reconstructible: retention is at %d and the latest snapshot is past it", target, retained)
+	}
+	img.Tail = from
+	return installed, replay(ctx, c, url, f, img, from, target, maxFrame, progress)
+}
+
+// catchUp continues an image file that reflects the stream up to img.Tail with the records
+// in [img.Tail, to). On error the file may hold records past img.Tail; replaying them again
+// is harmless (page images: the last write wins) but callers simply start over.
+func catchUp(ctx context.Context, c *streamcore.Client, url string, f *os.File, img *Image, to uint64, maxFrame int) error {
+	return replay(ctx, c, url, f, img, img.Tail, to, maxFrame, nil)
 }
 
 // replay applies the records in [from, to) to f.
@@ -142,6 +169,14 @@ func apply(f *os.File, img *Image, r Record) error {
 		if img.PageSize != 0 && cm.PageSize != img.PageSize {
 			return newError(KindDamaged, ActionStop, nil, "record at %d changes the page size from %d to %d", r.Offset, img.PageSize, cm.PageSize)
 		}
+		if img.PageSize != 0 && cm.DBPages < img.DBPages {
+			// The format: a commit sets the database size, truncating anything past it.
+			// Doing it here (not only at the end of a replay) makes an image continued
+			// from any record boundary page-identical to one replayed in one go.
+			if err := f.Truncate(int64(cm.DBPages) * int64(cm.PageSize)); err != nil {
+				return err
+			}
+		}
 		img.PageSize, img.DBPages = cm.PageSize, cm.DBPages
 		for _, p := range cm.Pages {
 			if _, err := f.WriteAt(p.Data, int64(p.No-1)*int64(cm.PageSize)); err != nil {
@@ -161,6 +196,9 @@ func classifyRead(err error, what string) error {
 	}
 	if ce != nil && ce.Status == http.StatusNotFound {
 		return newError(KindNotFound, ActionFix, err, "%s: the stream does not exist", what)
+	}
+	if ce != nil && ce.Status == http.StatusBadRequest && ce.Message == "" {
+		return newError(KindInvalidURL, ActionFix, err, "%s refused with 400: the URL does not name a valid stream (ids: a bucket of 4-64 [a-z0-9_-], then the stream)", what)
 	}
 	if ce != nil && ce.Status >= 400 && ce.Status < 500 {
 		return newError(KindNotApplied, ActionFix, err, "%s refused", what)

@@ -42,7 +42,7 @@ type Client struct {
 	// (0 = none). A long-poll gets its timeout_ms plus ReadTimeout. SSE is never bounded.
 	WriteTimeout time.Duration
 	ReadTimeout  time.Duration
-	// MaxRedirects bounds how many 307/308 hops a request follows (default 5).
+	// MaxRedirects bounds how many 307/308 hops a request follows (0: 5; negative: none).
 	MaxRedirects int
 	// UserAgent is sent on every request when set.
 	UserAgent string
@@ -1010,7 +1010,10 @@ func (c *Client) write(ctx context.Context, op string, kind WriteKind, method, r
 }
 
 func (c *Client) maxRedirects() int {
-	if c.MaxRedirects <= 0 {
+	if c.MaxRedirects < 0 {
+		return 0 // never follow
+	}
+	if c.MaxRedirects == 0 {
 		return 5
 	}
 	return c.MaxRedirects

@@ -22,6 +22,7 @@ type Database struct {
 	replica  *replicator.Replica // nil for read-only databases
 	lock     *fileLock
 	refs     int
+	roOffset uint64 // read-only: the offset the rebuild reached
 }
 
 // Errors the WAL interception returns besides the replicator's; adapters map them to
@@ -81,10 +82,12 @@ func Attach(path, streamURL string, opts AttachOptions) (*Database, error) {
 		if c == nil {
 			c, _ = streamcore.NewClient("")
 		}
-		if _, err := replicator.Restore(context.Background(), c, streamURL, path, 0, streamcore.MaxRequestBytes, nil); err != nil {
+		img, err := replicator.Restore(context.Background(), c, streamURL, path, 0, streamcore.MaxRequestBytes, nil)
+		if err != nil {
 			lk.release()
 			return nil, err
 		}
+		db.roOffset = img.Tail
 	} else {
 		r, err := replicator.Attach(context.Background(), streamURL, path, replicator.Options{Client: opts.Client})
 		if err != nil {
@@ -121,6 +124,18 @@ func (db *Database) URL() string  { return db.url }
 
 // Replica is the owner side of the stream (nil when attached read-only).
 func (db *Database) Replica() *replicator.Replica { return db.replica }
+
+// ReadOnly reports whether the database was attached read-only (no replica).
+func (db *Database) ReadOnly() bool { return db.replica == nil }
+
+// Offset is the stream offset the local file reflects: the replica's tail for an owner,
+// the offset the rebuild reached for a read-only attach. (Used by the C extension.)
+func (db *Database) Offset() uint64 {
+	if db.replica == nil {
+		return db.roOffset
+	}
+	return db.replica.Status().Offset
+}
 
 // Usable is the error reads and writes of a fenced or poisoned database fail with.
 func (db *Database) Usable() error {

@@ -71,7 +71,7 @@ type dbFile struct {
 
 func (f *dbFile) ReadAt(p []byte, off int64) (int, error) {
 	if err := f.db.Usable(); err != nil {
-		return 0, sqliteError(err)
+		return 0, sqlite3.IOERR_READ // fenced or poisoned: SQLITE_IOERR_READ (266)
 	}
 	return f.File.ReadAt(p, off)
 }
@@ -126,7 +126,7 @@ func (w *walFile) Unwrap() sqlvfs.File { return w.File }
 
 func (w *walFile) ReadAt(p []byte, off int64) (int, error) {
 	if err := w.db.Usable(); err != nil {
-		return 0, sqliteError(err)
+		return 0, sqlite3.IOERR_READ
 	}
 	return w.File.ReadAt(p, off)
 }
@@ -145,8 +145,8 @@ func (w *walFile) Truncate(size int64) error {
 }
 
 // sqliteError maps an error of the interception to the SQLite result code of
-// checklist-vfs V: a refused commit is SQLITE_IOERR_AUTH and leaves the file usable; a
-// fenced file fails reads with SQLITE_IOERR_READ.
+// checklist-vfs V: a refused commit is SQLITE_IOERR_AUTH and leaves the file usable;
+// anything else is an I/O error.
 func sqliteError(err error) error {
 	switch err {
 	case errIORead:
@@ -154,11 +154,8 @@ func sqliteError(err error) error {
 	case errIOWrite:
 		return sqlite3.IOERR_WRITE
 	}
-	if e, ok := replicator.AsError(err); ok {
-		switch e.Kind {
-		case replicator.KindNotApplied, replicator.KindTooLarge, replicator.KindFenced:
-			return sqlite3.IOERR_AUTH
-		}
+	if e, ok := replicator.AsError(err); ok && (e.Action == replicator.ActionRetry || e.Kind == replicator.KindTooLarge || e.Kind == replicator.KindFenced) {
+		return sqlite3.IOERR_AUTH
 	}
 	return sqlite3.IOERR_WRITE
 }

@@ -71,9 +71,31 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := rollbackJournalMode(out); err != nil {
+		return err
+	}
 	fmt.Fprintf(stdout, "exported %s at offset %s: %d pages of %d bytes (%d commits replayed) -> %s\n",
 		url, streamcore.FormatOffset(img.Tail), img.DBPages, img.PageSize, img.Commits, out)
 	return nil
+}
+
+// rollbackJournalMode marks the file as a rollback-journal database (file format bytes 18
+// and 19 = 1). A WAL-mode file needs a -wal and -shm beside it even to be read, so it
+// cannot be opened read-only from read-only media; the export must be self-contained.
+func rollbackJournalMode(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	var hdr [2]byte
+	if _, err := f.ReadAt(hdr[:], 18); err == nil && hdr == [2]byte{2, 2} {
+		_, err = f.WriteAt([]byte{1, 1}, 18)
+		if err != nil {
+			f.Close()
+			return err
+		}
+	}
+	return f.Close()
 }
 
 // progressBar draws replay progress on a terminal.
