@@ -42,11 +42,13 @@ conformance: build conformance-deps
 bench: build conformance-deps
 	$(GO) build -o $(BIN)/ursula-bench ./cmd/ursula-bench
 	test/bench/run.sh
+	@echo "== commit latency: replicated (vfs over loopback HTTP) vs plain local SQLite (WAL)"
+	$(GO) test -run '^$$' -bench 'Commit' -benchtime 3000x ./vfs
 
 ## fuzz: run every fuzz target for FUZZTIME each
 FUZZTIME ?= 20s
 fuzz:
-	@for pkg in ./streamcore ./server; do \
+	@for pkg in ./streamcore ./server ./replicator ./server/nodelog; do \
 	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
 	    echo "== $$pkg $$f"; $(GO) test $$pkg -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) || exit 1; \
 	  done; \

@@ -21,7 +21,7 @@ import (
 
 // These tests run real SQLite (ncruces/go-sqlite3) against the real server over HTTP.
 
-func startServer(t *testing.T) string {
+func startServer(t testing.TB) string {
 	t.Helper()
 	eng := server.NewMemoryEngine(0)
 	ts := httptest.NewServer(server.New(eng, server.Config{ClusterID: "vfs-test"}))
