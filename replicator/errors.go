@@ -21,6 +21,7 @@ const (
 	KindUnavailable  Kind = "unavailable"       // the server could not be reached or answered 5xx
 	KindUnsupported  Kind = "unsupported"       // page size / journal mode the replicator does not support
 	KindLocalSetup   Kind = "local_setup"       // a local file could not be read or written
+	KindInvalidArg   Kind = "invalid_argument"  // a path that cannot be a database file
 
 	// Poison kinds: the file no longer takes commits until it is attached again.
 	KindOutcomeUnknown Kind = "outcome_unknown" // a commit may or may not have been applied

@@ -1,14 +1,10 @@
 package vfs
 
 import (
-	"crypto/sha256"
 	"database/sql"
-	"encoding/hex"
 	"fmt"
 	"net/url"
-	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/ncruces/go-sqlite3"
 	"github.com/ncruces/go-sqlite3/driver"
@@ -119,32 +115,3 @@ func Status(path string) (replicator.Status, error) {
 	return db.replica.Status(), nil
 }
 
-// localPath resolves the local file: an absolute form of path, or the default name in
-// the user's cache directory. ":memory:" and "file:" names are refused.
-func localPath(streamURL, path string) (string, error) {
-	if path == ":memory:" || strings.HasPrefix(path, "file:") {
-		return "", &Error{Kind: replicator.KindInvalidURL, Action: replicator.ActionFix,
-			Message: "Path must be a plain file path (not :memory: or a file: URI)"}
-	}
-	if path == "" {
-		dir, err := os.UserCacheDir()
-		if err != nil {
-			return "", err
-		}
-		dir = filepath.Join(dir, "ursula")
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return "", err
-		}
-		u, _ := url.Parse(streamURL)
-		label := filepath.Base(u.Path)
-		label = strings.Map(func(r rune) rune {
-			if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
-				return r
-			}
-			return '_'
-		}, label)
-		sum := sha256.Sum256([]byte(streamURL))
-		path = filepath.Join(dir, label+"-"+hex.EncodeToString(sum[:6])+".db")
-	}
-	return filepath.Abs(path)
-}
