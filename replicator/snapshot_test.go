@@ -1,0 +1,670 @@
+package replicator
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ursula-go/ursula/server"
+	"github.com/ursula-go/ursula/streamcore"
+)
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+
+const snapPage = 4096
+
+// snapServer starts a real stream server (memory engine) behind an optional wrapper.
+func snapServer(t *testing.T, wrap func(http.Handler) http.Handler) string {
+	t.Helper()
+	eng := server.NewMemoryEngine(0)
+	var h http.Handler = server.New(eng, server.Config{ClusterID: "snapshot-test"})
+	if wrap != nil {
+		h = wrap(h)
+	}
+	ts := httptest.NewServer(h)
+	t.Cleanup(func() { ts.Close(); eng.Close() })
+	return ts.URL
+}
+
+// logBuf collects the logfmt events of a replica.
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// events returns the fields of every line with event=name, in order.
+func (l *logBuf) events(name string) []map[string]string {
+	l.mu.Lock()
+	text := l.b.String()
+	l.mu.Unlock()
+	var out []map[string]string
+	for line := range strings.Lines(text) {
+		f := parseLogfmt(strings.TrimSpace(line))
+		if f["event"] == name {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func parseLogfmt(line string) map[string]string {
+	f := map[string]string{}
+	for line != "" {
+		line = strings.TrimLeft(line, " ")
+		eq := strings.IndexByte(line, '=')
+		if eq < 0 {
+			break
+		}
+		if sp := strings.IndexByte(line, ' '); sp >= 0 && sp < eq {
+			line = line[sp:] // a word without a value (the program name)
+			continue
+		}
+		key, rest := line[:eq], line[eq+1:]
+		if strings.HasPrefix(rest, `"`) {
+			q, err := strconv.QuotedPrefix(rest)
+			if err != nil {
+				break
+			}
+			f[key], _ = strconv.Unquote(q)
+			line = rest[len(q):]
+			continue
+		}
+		sp := strings.IndexByte(rest, ' ')
+		if sp < 0 {
+			sp = len(rest)
+		}
+		f[key], line = rest[:sp], rest[sp:]
+	}
+	return f
+}
+
+// model is the test's own replay of what it committed: the database image after every
+// acknowledged commit, by the stream offset just past it.
+type model struct {
+	img  []byte
+	at   map[uint64][]byte
+	ends []uint64 // commit end offsets, increasing
+	seed uint64
+}
+
+func newModel() *model { return &model{at: map[uint64][]byte{}} }
+
+// commit makes one commit of n pages out of a database of dbPages pages (pages 1..n on
+// the first commit, then a rotating window) and records the model image after it.
+func (m *model) commit(t *testing.T, r *Replica, dbPages uint32, n int) {
+	t.Helper()
+	cm := m.next(dbPages, n)
+	if err := r.Commit(context.Background(), cm); err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+	m.apply(cm)
+	end := r.Status().Offset
+	m.at[end] = slices.Clone(m.img)
+	m.ends = append(m.ends, end)
+}
+
+func (m *model) next(dbPages uint32, n int) *Commit {
+	cm := &Commit{PageSize: snapPage, DBPages: dbPages}
+	var nos []uint32
+	if len(m.img) < int(dbPages)*snapPage {
+		for no := uint32(len(m.img)/snapPage) + 1; no <= dbPages; no++ {
+			nos = append(nos, no)
+		}
+	}
+	for len(nos) < n {
+		m.seed++
+		nos = append(nos, uint32(m.seed*7%uint64(dbPages))+1)
+	}
+	slices.Sort(nos)
+	nos = slices.Compact(nos)
+	for _, no := range nos {
+		m.seed++
+		cm.Pages = append(cm.Pages, Page{No: no, Data: testPage(snapPage, m.seed)})
+	}
+	return cm
+}
+
+func (m *model) apply(cm *Commit) {
+	size := int(cm.DBPages) * snapPage
+	if len(m.img) < size {
+		m.img = append(m.img, make([]byte, size-len(m.img))...)
+	}
+	m.img = m.img[:size]
+	for _, p := range cm.Pages {
+		copy(m.img[int(p.No-1)*snapPage:], p.Data)
+	}
+}
+
+func snapAttach(t *testing.T, url string, opts Options) (*Replica, string, *logBuf) {
+	t.Helper()
+	lb := &logBuf{}
+	opts.Log = lb
+	if opts.SnapshotMinBytes == 0 {
+		opts.SnapshotMinBytes = 64 << 10
+	}
+	if opts.Client == nil {
+		c, err := streamcore.NewClient("")
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.Client = c
+	}
+	path := filepath.Join(t.TempDir(), "db")
+	r, err := Attach(context.Background(), url, path, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r, path, lb
+}
+
+func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func parseOff(t *testing.T, s string) uint64 {
+	t.Helper()
+	n, err := streamcore.ParseOffset(s)
+	if err != nil {
+		t.Fatalf("offset %q: %v", s, err)
+	}
+	return n
+}
+
+// commitUntilSnapshot commits until the replica reports a snapshot other than prev and
+// returns its offset. No commit happens after the snapshot is seen.
+func commitUntilSnapshot(t *testing.T, r *Replica, m *model, prev string) uint64 {
+	t.Helper()
+	for i := 0; i < 400; i++ {
+		if s := r.Status().Snapshot; s != prev {
+			return parseOff(t, s)
+		}
+		m.commit(t, r, 32, 4)
+		// Give the goroutine a moment once the log is due, so we stop soon after.
+		if st := r.Status(); st.LogBytes > st.SnapshotDueBytes {
+			waitFor(t, "a snapshot", 5*time.Second, func() bool { return r.Status().Snapshot != prev })
+		}
+	}
+	t.Fatalf("no snapshot after 400 commits: %+v", r.Status())
+	return 0
+}
+
+func readFile(t *testing.T, p string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// ---------------------------------------------------------------------------------------
+// Tests
+
+// TestSnapshotCycle: the trigger at max(db size, SnapshotMinBytes); the published body is
+// the replay image at its offset; retention follows one snapshot behind and reads below
+// it get 410; a fresh Restore after several cycles equals the full replay and replays
+// only the tail (T36, checklist P133-135).
+func TestSnapshotCycle(t *testing.T) {
+	base := snapServer(t, nil)
+	url := base + "/snap/cycle"
+	r, path, lb := snapAttach(t, url, Options{})
+	c := r.opts.Client
+	ctx := context.Background()
+	m := newModel()
+
+	st := r.Status()
+	if st.Snapshot != "-1" || st.SnapshotAgeMs != nil || st.SnapshotBytes != nil || st.Retained != streamcore.FormatOffset(0) {
+		t.Fatalf("fresh status: %+v", st)
+	}
+	// A few commits: under the due size, no snapshot, no shadow image yet.
+	for range 3 {
+		m.commit(t, r, 32, 4)
+	}
+	st = r.Status()
+	if st.SnapshotDueBytes != 32*snapPage || st.LogBytes != st.Offset || st.Snapshot != "-1" {
+		t.Fatalf("status before the first snapshot: %+v", st)
+	}
+	if _, err := os.Stat(path + ShadowSuffix); !os.IsNotExist(err) {
+		t.Fatalf("shadow image exists before a snapshot is due: %v", err)
+	}
+	// The model against a Restore by full replay (no snapshot exists yet): it is the
+	// reference the snapshots are checked against below.
+	t0 := st.Offset
+	fullPath := filepath.Join(t.TempDir(), "full")
+	if _, err := Restore(ctx, c, url, fullPath, t0, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(readFile(t, fullPath), m.at[t0]) {
+		t.Fatal("the test's model differs from a Restore by full replay")
+	}
+
+	// First snapshot.
+	x1 := commitUntilSnapshot(t, r, m, "-1")
+	st = r.Status()
+	if st.LogBytes != st.Offset-x1 {
+		t.Fatalf("log_bytes %d, want tail %d - snapshot %d", st.LogBytes, st.Offset, x1)
+	}
+	if !slices.Contains(m.ends, x1) {
+		t.Fatalf("snapshot offset %d is not a commit boundary", x1)
+	}
+	// It was due: the log up to it exceeded max(db size, min).
+	if x1 <= 32*snapPage {
+		t.Fatalf("snapshot at %d before the log exceeded %d", x1, 32*snapPage)
+	}
+	info, err := c.Head(ctx, url)
+	if err != nil || parseOff(t, info.SnapshotOffset) != x1 {
+		t.Fatalf("HEAD snapshot offset %q (err %v), want %d", info.SnapshotOffset, err, x1)
+	}
+	sr, err := c.ReadSnapshot(ctx, url, streamcore.FormatOffset(x1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, image, err := DecodeSnapshot(sr.Data, MaxSnapshotImage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Offset != x1 || h.Epoch != 1 || h.PageSize != snapPage || h.DBPages != 32 {
+		t.Fatalf("snapshot header %+v", h)
+	}
+	if !bytes.Equal(image, m.at[x1]) {
+		t.Fatal("snapshot image differs from the replay of the stream up to its offset")
+	}
+	if st.SnapshotBytes == nil || *st.SnapshotBytes != int64(len(sr.Data)) || st.SnapshotAgeMs == nil || st.SnapshotFailures != 0 {
+		t.Fatalf("status after the first snapshot: %+v", st)
+	}
+	// A Restore at x1 (now from the snapshot) is the same image.
+	p1 := filepath.Join(t.TempDir(), "at-x1")
+	if _, err := Restore(ctx, c, url, p1, x1, 0, nil); err != nil || !bytes.Equal(readFile(t, p1), m.at[x1]) {
+		t.Fatalf("restore at the snapshot offset: %v", err)
+	}
+	if info.RetainedOffset != "" && parseOff(t, info.RetainedOffset) != 0 {
+		t.Fatalf("retention moved to %s after the first snapshot", info.RetainedOffset)
+	}
+
+	// Second snapshot: retention goes to the first, never to the second.
+	x2 := commitUntilSnapshot(t, r, m, streamcore.FormatOffset(x1))
+	waitFor(t, "retention at the previous snapshot", 5*time.Second, func() bool { return r.Status().Retained == streamcore.FormatOffset(x1) })
+	info, err = c.Head(ctx, url)
+	if err != nil || parseOff(t, info.RetainedOffset) != x1 || parseOff(t, info.SnapshotOffset) != x2 {
+		t.Fatalf("after the second snapshot: HEAD retained %q snapshot %q (err %v), want %d and %d", info.RetainedOffset, info.SnapshotOffset, err, x1, x2)
+	}
+	var ce *streamcore.ClientError
+	if _, err := c.Read(ctx, url, streamcore.ReadOptions{Offset: streamcore.FormatOffset(0)}); !errors.As(err, &ce) || ce.Status != http.StatusGone {
+		t.Fatalf("read below retention: %v, want 410", err)
+	}
+	if _, err := c.Read(ctx, url, streamcore.ReadOptions{Offset: streamcore.FormatOffset(x1), MaxBytes: 1}); err != nil {
+		t.Fatalf("read at retention: %v", err)
+	}
+
+	// Third snapshot, then a short tail.
+	x3 := commitUntilSnapshot(t, r, m, streamcore.FormatOffset(x2))
+	waitFor(t, "retention at the second snapshot", 5*time.Second, func() bool { return r.Status().Retained == streamcore.FormatOffset(x2) })
+	for range 3 {
+		m.commit(t, r, 32, 4)
+	}
+	tail := r.Status().Offset
+	var total uint64
+	fresh := filepath.Join(t.TempDir(), "fresh")
+	img, err := Restore(ctx, c, url, fresh, 0, 0, func(done, tot uint64) { total = tot })
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := 0
+	for _, e := range m.ends {
+		if e > x3 {
+			after++
+		}
+	}
+	if img.Tail != tail || img.Commits != after || (after > 0 && total != tail-x3) {
+		t.Fatalf("fresh restore: tail %d (want %d), %d commits replayed (want %d after the snapshot), progress total %d (want %d)", img.Tail, tail, img.Commits, after, total, tail-x3)
+	}
+	if !bytes.Equal(readFile(t, fresh), m.at[tail]) {
+		t.Fatal("fresh restore from snapshot + tail differs from the full replay")
+	}
+	if n := len(lb.events("snapshot_published")); n != 3 {
+		t.Fatalf("%d snapshot_published events, want 3", n)
+	}
+	if ev := lb.events("retention_moved"); len(ev) != 2 || ev[0]["offset"] != fmt.Sprint(x1) || ev[1]["offset"] != fmt.Sprint(x2) {
+		t.Fatalf("retention_moved events %v", ev)
+	}
+
+	// Close stops the goroutine and removes the shadow image.
+	if _, err := os.Stat(path + ShadowSuffix); err != nil {
+		t.Fatalf("shadow image while attached: %v", err)
+	}
+	r.Close()
+	if _, err := os.Stat(path + ShadowSuffix); !os.IsNotExist(err) {
+		t.Fatalf("shadow image after Close: %v", err)
+	}
+}
+
+// snapFaults is a server wrapper that fails or delays snapshot and retention PUTs.
+type snapFaults struct {
+	next http.Handler
+
+	mu        sync.Mutex
+	snapPlan  []int         // statuses to answer the next snapshot PUTs with (0: pass)
+	retPlan   []int         // the same for retention PUTs
+	delay     time.Duration // before passing a snapshot PUT on
+	snapPuts  []time.Time   // arrival of every snapshot PUT
+	inFlight  atomic.Int32  // snapshot PUTs being served
+	retryHint string        // Retry-After of a 503
+}
+
+func (f *snapFaults) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	isSnap := r.Method == http.MethodPut && strings.Contains(r.URL.Path, "/snapshot/")
+	isRet := r.Method == http.MethodPut && strings.Contains(r.URL.Path, "/retention/")
+	status, delay := 0, time.Duration(0)
+	f.mu.Lock()
+	switch {
+	case isSnap:
+		f.snapPuts = append(f.snapPuts, time.Now())
+		if len(f.snapPlan) > 0 {
+			status, f.snapPlan = f.snapPlan[0], f.snapPlan[1:]
+		}
+		delay = f.delay
+	case isRet && len(f.retPlan) > 0:
+		status, f.retPlan = f.retPlan[0], f.retPlan[1:]
+	}
+	hint := f.retryHint
+	f.mu.Unlock()
+	if status != 0 {
+		io.Copy(io.Discard, r.Body)
+		if status == http.StatusServiceUnavailable && hint != "" {
+			w.Header().Set("Retry-After", hint)
+		}
+		http.Error(w, `{"error":{"code":"INJECTED","message":"injected failure"}}`, status)
+		return
+	}
+	if isSnap && delay > 0 {
+		f.inFlight.Add(1)
+		defer f.inFlight.Add(-1)
+		time.Sleep(delay)
+	}
+	f.next.ServeHTTP(w, r)
+}
+
+func (f *snapFaults) puts() []time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.snapPuts)
+}
+
+// TestSnapshotFailuresBackoff: failed publishes back off 100 ms, doubling, with ±20%
+// jitter; a 503 with Retry-After is an outage and waits at least that long; 500 is other.
+// Failures are counted in a row with the last reason, commits go on unaffected, and a
+// success clears both. A retention failure logs retention_failed, is not counted, and the
+// next snapshot's retention move covers it (T37, T38, T39).
+func TestSnapshotFailuresBackoff(t *testing.T) {
+	f := &snapFaults{
+		snapPlan:  []int{500, 500, 500, 503},
+		retPlan:   []int{500},
+		retryHint: "1",
+	}
+	base := snapServer(t, func(h http.Handler) http.Handler { f.next = h; return f })
+	url := base + "/snap/failures"
+	r, _, lb := snapAttach(t, url, Options{})
+	m := newModel()
+
+	maxFailures, sawError := 0, ""
+	var slowest time.Duration
+	deadline := time.Now().Add(10 * time.Second)
+	for r.Status().Snapshot == "-1" {
+		if time.Now().After(deadline) {
+			t.Fatalf("no snapshot after the failures stopped: %+v", r.Status())
+		}
+		start := time.Now()
+		m.commit(t, r, 32, 4) // fails the test if a commit fails
+		slowest = max(slowest, time.Since(start))
+		st := r.Status()
+		if st.SnapshotFailures > maxFailures {
+			maxFailures, sawError = st.SnapshotFailures, st.SnapshotError
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if maxFailures != 4 || !strings.Contains(sawError, "503") {
+		t.Fatalf("saw %d failures in a row (want 4), last error %q", maxFailures, sawError)
+	}
+	ev := lb.events("snapshot_failed")
+	if len(ev) != 4 {
+		t.Fatalf("%d snapshot_failed events, want 4: %v", len(ev), ev)
+	}
+	wantKind := []string{FailOther, FailOther, FailOther, FailOutage}
+	for i, e := range ev {
+		ms, _ := strconv.Atoi(e["retry_ms"])
+		base := int(backoff(i+1, wantKind[i]) / time.Millisecond)
+		lo, hi := base*8/10-1, base*12/10+1
+		if i == 3 {
+			lo, hi = 1000, 1000 // 800 ms ± 20% is under the Retry-After of 1 s
+		}
+		if e["failures"] != strconv.Itoa(i+1) || e["kind"] != wantKind[i] || ms < lo || ms > hi || e["level"] != "warn" {
+			t.Fatalf("snapshot_failed #%d: %v (want kind %s, retry_ms in [%d, %d])", i+1, e, wantKind[i], lo, hi)
+		}
+	}
+	// The waits were honoured: the gap before each send is at least the announced wait.
+	puts := f.puts()
+	if len(puts) < 5 {
+		t.Fatalf("%d snapshot PUTs, want 5", len(puts))
+	}
+	for i := 1; i < 5; i++ {
+		ms, _ := strconv.Atoi(ev[i-1]["retry_ms"])
+		if gap := puts[i].Sub(puts[i-1]); gap < time.Duration(ms)*time.Millisecond {
+			t.Fatalf("PUT %d came %v after the previous one, before the %d ms backoff", i+1, gap, ms)
+		}
+	}
+	st := r.Status()
+	if st.SnapshotFailures != 0 || st.SnapshotError != "" || st.SnapshotAgeMs == nil {
+		t.Fatalf("status after the recovery: %+v", st)
+	}
+	if slowest > time.Second {
+		t.Fatalf("a commit took %v while snapshots were failing", slowest)
+	}
+	x1 := parseOff(t, st.Snapshot)
+
+	// Second snapshot: its retention move fails (not counted); the third one moves
+	// retention to the second.
+	x2 := commitUntilSnapshot(t, r, m, st.Snapshot)
+	waitFor(t, "retention_failed", 5*time.Second, func() bool { return len(lb.events("retention_failed")) == 1 })
+	if e := lb.events("retention_failed")[0]; e["offset"] != fmt.Sprint(x1) {
+		t.Fatalf("retention_failed %v, want offset %d", e, x1)
+	}
+	if st := r.Status(); st.SnapshotFailures != 0 || st.SnapshotError != "" || st.Retained != streamcore.FormatOffset(0) {
+		t.Fatalf("a retention failure changed the snapshot status: %+v", st)
+	}
+	commitUntilSnapshot(t, r, m, streamcore.FormatOffset(x2))
+	waitFor(t, "retention at the second snapshot", 5*time.Second, func() bool { return r.Status().Retained == streamcore.FormatOffset(x2) })
+	info, err := r.opts.Client.Head(context.Background(), url)
+	if err != nil || parseOff(t, info.RetainedOffset) != x2 {
+		t.Fatalf("HEAD retained %q (err %v), want %d", info.RetainedOffset, err, x2)
+	}
+}
+
+// TestSnapshotSlowUploadDoesNotSlowCommits: commits go on at their usual pace while a
+// snapshot upload is stuck for a second.
+func TestSnapshotSlowUploadDoesNotSlowCommits(t *testing.T) {
+	f := &snapFaults{delay: time.Second}
+	base := snapServer(t, func(h http.Handler) http.Handler { f.next = h; return f })
+	r, _, _ := snapAttach(t, base+"/snap/slow", Options{})
+	m := newModel()
+	var during, before []time.Duration
+	deadline := time.Now().Add(10 * time.Second)
+	for r.Status().Snapshot == "-1" {
+		if time.Now().After(deadline) {
+			t.Fatal("no snapshot")
+		}
+		busy := f.inFlight.Load() > 0
+		start := time.Now()
+		m.commit(t, r, 32, 4)
+		d := time.Since(start)
+		switch {
+		case busy && f.inFlight.Load() > 0:
+			during = append(during, d)
+		case len(f.puts()) == 0:
+			before = append(before, d)
+		}
+	}
+	if len(during) < 10 {
+		t.Fatalf("only %d commits while the upload was in flight", len(during))
+	}
+	slices.Sort(during)
+	if worst := during[len(during)-1]; worst > 300*time.Millisecond {
+		t.Fatalf("slowest commit during the upload took %v (median %v)", worst, during[len(during)/2])
+	}
+	slices.Sort(before)
+	t.Logf("%d commits during a 1 s upload: median %v, slowest %v; before it: %d, median %v", len(during), during[len(during)/2], during[len(during)-1], len(before), before[len(before)/2])
+}
+
+// TestSnapshotNotWhileRefused: no snapshot is taken while writes are refused and none is
+// counted; too_large does not hold snapshots back (T41, checklist P144-145).
+func TestSnapshotNotWhileRefused(t *testing.T) {
+	base := snapServer(t, nil)
+	r, _, lb := snapAttach(t, base+"/snap/refused", Options{MaxFrameBytes: 100 << 10})
+	m := newModel()
+	// Grow the log past the due size without the goroutine: stop it, commit, restart it.
+	r.Close()
+	for range 40 {
+		m.commit(t, r, 32, 4)
+	}
+	r.mu.Lock()
+	r.lastErr = newError(KindNotApplied, ActionRetry, nil, "429 (injected)")
+	r.mu.Unlock()
+	r.startSnapshots(&Image{DBPages: 32}, nil)
+	t.Cleanup(func() { r.Close() })
+	r.snap.poke()
+	time.Sleep(300 * time.Millisecond)
+	if st := r.Status(); st.Snapshot != "-1" || st.SnapshotFailures != 0 || st.LogBytes <= st.SnapshotDueBytes {
+		t.Fatalf("while writes are refused: %+v", st)
+	}
+	// A too_large transaction fails alone and does not hold snapshots back.
+	big := &Commit{PageSize: snapPage, DBPages: 64}
+	rnd := rand.New(rand.NewPCG(1, 2))
+	for no := uint32(1); no <= 64; no++ {
+		p := make([]byte, snapPage)
+		for i := range p {
+			p[i] = byte(rnd.Uint32())
+		}
+		big.Pages = append(big.Pages, Page{No: no, Data: p})
+	}
+	if err := r.Commit(context.Background(), big); err == nil {
+		t.Fatal("a commit over MaxFrameBytes went through")
+	} else if e, _ := AsError(err); e == nil || e.Kind != KindTooLarge {
+		t.Fatalf("big commit: %v", err)
+	}
+	r.snap.poke()
+	waitFor(t, "a snapshot after too_large", 5*time.Second, func() bool { return r.Status().Snapshot != "-1" })
+	if st := r.Status(); st.SnapshotFailures != 0 || len(lb.events("snapshot_failed")) != 0 {
+		t.Fatalf("after the snapshot: %+v", st)
+	}
+}
+
+// TestSnapshotBackoffAndClassify checks the backoff schedule and the failure kinds.
+func TestSnapshotBackoffAndClassify(t *testing.T) {
+	for n, want := range map[int]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond, 4: 800 * time.Millisecond, 12: 204800 * time.Millisecond, 13: 5 * time.Minute, 60: 5 * time.Minute} {
+		if got := backoff(n, FailOther); got != want {
+			t.Fatalf("backoff(%d, other) = %v, want %v", n, got, want)
+		}
+	}
+	if got := backoff(16, FailSize); got != 3276800*time.Millisecond {
+		t.Fatalf("backoff(16, size) = %v", got)
+	}
+	if got := backoff(60, FailSize); got != time.Hour {
+		t.Fatalf("backoff(60, size) = %v", got)
+	}
+	for range 1000 {
+		if d := jitter(time.Second); d < 800*time.Millisecond || d > 1200*time.Millisecond {
+			t.Fatalf("jitter(1s) = %v", d)
+		}
+	}
+
+	base := snapServer(t, nil)
+	url := base + "/snap/classify"
+	c, _ := streamcore.NewClient("")
+	if _, err := c.Create(context.Background(), url, streamcore.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s := &snapshotter{r: &Replica{url: url, opts: Options{Client: c}}}
+	noAnswer := &streamcore.ClientError{Status: 0, Err: errors.New("connection reset by peer")}
+	const big = 2 << 20
+	cases := []struct {
+		name     string
+		err      error
+		body     int
+		maxKnown int
+		kind     string
+		wait     time.Duration
+	}{
+		{"503 Retry-After", &streamcore.ClientError{Status: 503, RetryAfter: 2 * time.Second}, 10, 0, FailOutage, 2 * time.Second},
+		{"503 marker", &streamcore.ClientError{Status: 503, NotApplied: "WalDiskPressure"}, big, 0, FailOutage, 0},
+		{"plain 503", &streamcore.ClientError{Status: 503}, 10, 0, FailOther, 0},
+		{"500", &streamcore.ClientError{Status: 500}, 10, 0, FailOther, 0},
+		{"no answer, small body", noAnswer, 10, 0, FailOutage, 0},
+		{"no answer, big body, stream answers", noAnswer, big, 0, FailSize, 0},
+		{"413 big body", &streamcore.ClientError{Status: 413}, big, 0, FailSize, 0},
+		{"413 body not larger than one published", &streamcore.ClientError{Status: 413}, big, big, FailOther, 0},
+		{"413 body under 1 MiB", &streamcore.ClientError{Status: 413}, 1 << 20, 0, FailOther, 0},
+		{"image over the limit", fmt.Errorf("%w: x", errImageTooLarge), 0, 0, FailSize, 0},
+		{"wrapped read failure", newError(KindUnavailable, ActionRetry, noAnswer, "stream read failed"), 0, 0, FailOutage, 0},
+		{"local", errors.New("disk full"), 10, 0, FailOther, 0},
+	}
+	for _, tc := range cases {
+		s.maxKnownBody = tc.maxKnown
+		kind, wait := s.classify(context.Background(), tc.err, tc.body)
+		if kind != tc.kind || wait != tc.wait {
+			t.Errorf("%s: kind %s wait %v, want %s %v", tc.name, kind, wait, tc.kind, tc.wait)
+		}
+	}
+	// The stream does not answer either: an outage, not a size failure.
+	s.r.url = "http://127.0.0.1:1/snap/classify"
+	if kind, _ := s.classify(context.Background(), noAnswer, big); kind != FailOutage {
+		t.Fatalf("no answer from anything: %s", kind)
+	}
+}
+
+// TestSnapshotPublishTime10MiB measures a snapshot of a 10 MiB database (set
+// URSULA_SNAPSHOT_BENCH=1; not part of the normal run).
+func TestSnapshotPublishTime10MiB(t *testing.T) {
+	if os.Getenv("URSULA_SNAPSHOT_BENCH") == "" {
+		t.Skip("set URSULA_SNAPSHOT_BENCH=1")
+	}
+	base := snapServer(t, nil)
+	r, _, lb := snapAttach(t, base+"/snap/bench", Options{SnapshotMinBytes: 1 << 20})
+	m := newModel()
+	const pages = 10 << 20 / snapPage
+	for len(lb.events("snapshot_published")) == 0 {
+		m.commit(t, r, pages, 256)
+		if r.Status().LogBytes > r.Status().SnapshotDueBytes {
+			waitFor(t, "snapshot", 60*time.Second, func() bool { return len(lb.events("snapshot_published")) > 0 })
+		}
+	}
+	e := lb.events("snapshot_published")[0]
+	t.Logf("10 MiB database: snapshot of %s image bytes, %s body bytes, built+published+verified in %s ms", e["image_bytes"], e["bytes"], e["ms"])
+}
