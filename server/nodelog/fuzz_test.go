@@ -43,9 +43,11 @@ func validSegment(seed []byte) []byte {
 	return b
 }
 
+// replayBytes replays b as segment 3 through a small window, so frames
+// straddle window boundaries and the window has to grow.
 func replayBytes(b []byte) (*Log, int64, error) {
 	l := &Log{groups: map[uint64]*groupState{}, segs: map[uint64]*segment{}}
-	end, err := l.replaySegment(&segment{id: 3}, b)
+	end, err := l.replaySegment(&segment{id: 3}, bytes.NewReader(b), int64(len(b)), &replayBuf{window: 40})
 	return l, end, err
 }
 
@@ -70,6 +72,7 @@ func FuzzDecodeSegment(f *testing.F) {
 			t.Fatalf("no error but stopped at %d of %d", end, len(b))
 		}
 		findValidFrame(b, 3, 0)
+		findValidFrame(b, 3, 100)
 		var e raft.Log
 		decodeEntry(b, &e)
 	})

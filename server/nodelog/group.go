@@ -281,23 +281,27 @@ func (l *Log) applyFrame(seg *segment, off int64, f frame) bool {
 	defer g.mu.Unlock()
 	switch f.typ {
 	case recEntries:
-		base := off + frameHeaderSize
-		firstNew := true
-		walkEntries(f.payload, func(idx uint64, start, end int) {
-			lc := loc{seg: uint32(seg.id), off: uint32(base + int64(start)), n: uint32(end - start)}
-			if firstNew {
-				firstNew = false
+		// The payload was verified (validatePayload), so it is walked here
+		// without a callback to keep the hot path free of allocations.
+		p := f.payload
+		count := int(leUint32(p))
+		pos := 4
+		for i := 0; i < count; i++ {
+			idx := leUint64(p[pos:])
+			end := pos + entryHeaderSize + int(leUint32(p[pos+29:])&^nilLen) + int(leUint32(p[pos+33:])&^nilLen)
+			if i == 0 {
 				switch {
 				case len(g.locs) == 0 || idx <= g.first || idx > g.last()+1:
-					// Empty, rewrite from the start, or a gap: this run starts the log.
+					// Empty, rewritten from its start, or a gap: this run starts the log.
 					g.first = idx
 					g.locs = g.locs[:0]
 				case idx <= g.last():
 					g.locs = g.locs[:idx-g.first]
 				}
 			}
-			g.locs = append(g.locs, lc)
-		})
+			g.locs = append(g.locs, loc{seg: uint32(seg.id), off: uint32(off + frameHeaderSize + int64(pos)), n: uint32(end - pos)})
+			pos = end
+		}
 		return false
 	case recDeleteRange:
 		min := binary.LittleEndian.Uint64(f.payload[0:8])

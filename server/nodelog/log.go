@@ -256,7 +256,7 @@ func (l *Log) recover() error {
 	if len(ids) > 0 && ids[len(ids)-1] > 1<<32-1 {
 		return fmt.Errorf("nodelog: segment id %d exceeds 2^32-1", ids[len(ids)-1])
 	}
-	var buf []byte
+	var rb replayBuf
 	for i, id := range ids {
 		last := i == len(ids)-1
 		flag := os.O_RDONLY
@@ -277,14 +277,7 @@ func (l *Log) recover() error {
 		if size > 1<<32-1 {
 			return fmt.Errorf("%w: segment %s is %d bytes", ErrCorrupt, segName(id), size)
 		}
-		if int64(cap(buf)) < size {
-			buf = make([]byte, size)
-		}
-		buf = buf[:size]
-		if _, err := io.ReadFull(io.NewSectionReader(f, 0, size), buf); err != nil {
-			return fmt.Errorf("nodelog: read %s: %w", segName(id), err)
-		}
-		end, derr := l.replaySegment(seg, buf)
+		end, derr := l.replaySegment(seg, f, size, &rb)
 		seg.size, seg.base = end, segHeaderSize
 		l.recovery.RecoveredSegments++
 		if derr == nil {
@@ -294,10 +287,18 @@ func (l *Log) recover() error {
 		if errors.As(derr, &verr) {
 			return fmt.Errorf("%s: %w", segName(id), derr)
 		}
+		var rerr *readError
+		if errors.As(derr, &rerr) {
+			return derr
+		}
 		if !last {
 			return fmt.Errorf("%w: sealed segment %s at offset %d: %v", ErrCorrupt, segName(id), end, derr)
 		}
-		if err := l.cutTail(seg, buf, end, derr); err != nil {
+		rest := make([]byte, size-end)
+		if _, err := f.ReadAt(rest, end); err != nil {
+			return fmt.Errorf("nodelog: read %s: %w", segName(id), err)
+		}
+		if err := l.cutTail(seg, rest, end, derr); err != nil {
 			return err
 		}
 	}
@@ -315,37 +316,105 @@ func (l *Log) recover() error {
 	return nil
 }
 
-// replaySegment verifies and applies the frames of one segment held in buf.
-// It returns the end of the verified prefix and the reason it stopped early.
-func (l *Log) replaySegment(seg *segment, buf []byte) (int64, error) {
-	if err := checkSegHeader(buf, seg.id); err != nil {
+// replayWindow is the read size of recovery: segments are streamed through
+// one reused buffer (grown only for a frame larger than it), which keeps
+// recovery memory small and cache-friendly.
+const replayWindow = 4 << 20
+
+// replayBuf is the window recovery reads through; reused across segments.
+type replayBuf struct {
+	b      []byte
+	window int // read size; 0 means replayWindow
+}
+
+type readError struct{ err error }
+
+func (e *readError) Error() string { return "nodelog: " + e.err.Error() }
+func (e *readError) Unwrap() error { return e.err }
+
+// replaySegment verifies and applies the frames of one segment of the given
+// size. It returns the end of the verified prefix and, if it stopped before
+// size, why.
+func (l *Log) replaySegment(seg *segment, r io.ReaderAt, size int64, rb *replayBuf) (int64, error) {
+	window := rb.window
+	if window == 0 {
+		window = replayWindow
+	}
+	if cap(rb.b) < window {
+		rb.b = make([]byte, 0, window)
+	}
+	w := rb.b[:0] // file bytes [base, base+len(w))
+	base := int64(0)
+	pos := 0 // next frame within w
+	// fill makes at least need bytes available at w[pos:], or all the rest
+	// of the file if fewer remain.
+	fill := func(need int) error {
+		if len(w)-pos >= need || base+int64(len(w)) >= size {
+			return nil
+		}
+		n := copy(w[:cap(w)], w[pos:])
+		base += int64(pos)
+		pos = 0
+		if need > cap(w) {
+			nw := make([]byte, n, need)
+			copy(nw, w[:n])
+			w = nw
+		}
+		want := min(int64(cap(w)), size-base)
+		if _, err := r.ReadAt(w[n:want], base+int64(n)); err != nil && err != io.EOF {
+			return &readError{err}
+		}
+		w = w[:want]
+		return nil
+	}
+	defer func() {
+		if cap(w) <= 4*window {
+			rb.b = w[:0]
+		}
+	}()
+	if err := fill(segHeaderSize); err != nil {
 		return 0, err
 	}
-	off := int64(segHeaderSize)
-	for off < int64(len(buf)) {
-		f, n, err := decodeFrame(buf[off:], seg.id, off)
+	if err := checkSegHeader(w, seg.id); err != nil {
+		return 0, err
+	}
+	pos = segHeaderSize
+	for base+int64(pos) < size {
+		off := base + int64(pos)
+		if err := fill(frameHeaderSize); err != nil {
+			return off, err
+		}
+		f, n, err := decodeFrame(w[pos:], seg.id, off)
+		if errors.Is(err, errTorn) && len(w)-pos >= frameHeaderSize {
+			// The header verified; fetch the rest of the payload.
+			if err := fill(frameHeaderSize + int(leUint32(w[pos+8:]))); err != nil {
+				return off, err
+			}
+			f, n, err = decodeFrame(w[pos:], seg.id, off)
+		}
 		if err != nil {
 			return off, err
 		}
 		l.applyFrame(seg, off, f)
 		l.recovery.RecoveredRecords++
-		off += int64(n)
+		pos += n
 	}
-	return off, nil
+	return base + int64(pos), nil
 }
 
-// cutTail handles damage in the last segment at offset end. Everything from
-// end on was never acknowledged as durable if it is a true tail: a torn
-// write, or garbage after the last good frame. If a valid frame still follows
-// the damage, the damage is in the middle of data that was written (and, with
-// FsyncAlways, acknowledged as synced); then only FsyncNever may cut, because
-// a host crash there can reorder page write-back and nothing was promised.
-func (l *Log) cutTail(seg *segment, buf []byte, end int64, cause error) error {
+// cutTail handles damage in the last segment at offset end; rest holds the
+// file from end to EOF. Everything from end on was never acknowledged as
+// durable if it is a true tail: a torn write, or garbage after the last good
+// frame. If a valid frame still follows the damage, the damage is in the
+// middle of data that was written (and, with FsyncAlways, acknowledged as
+// synced); then only FsyncNever may cut, because a host crash there can
+// reorder page write-back and nothing was promised.
+func (l *Log) cutTail(seg *segment, rest []byte, end int64, cause error) error {
 	kind := "corrupt"
 	if errors.Is(cause, errTorn) {
 		kind = "torn"
 	}
-	if later := findValidFrame(buf, seg.id, end+1); later >= 0 {
+	if later := findValidFrame(rest, seg.id, end); later >= 0 {
 		if l.opt.Fsync == FsyncAlways {
 			return fmt.Errorf("%w: %s damaged at offset %d (%v) but a valid frame follows at %d; refusing to cut synced data",
 				ErrCorrupt, segName(seg.id), end, cause, later)
@@ -353,7 +422,7 @@ func (l *Log) cutTail(seg *segment, buf []byte, end int64, cause error) error {
 		l.logf("nodelog: %s damaged at offset %d (%v); valid frames follow at %d but fsync=never promised nothing past the page cache: cutting them too",
 			segName(seg.id), end, cause, later)
 	}
-	cut := int64(len(buf)) - end
+	cut := int64(len(rest))
 	l.logf("nodelog: cutting %d bytes of %s tail of %s at offset %d: %v", cut, kind, segName(seg.id), end, cause)
 	if err := seg.f.Truncate(end); err != nil {
 		return fmt.Errorf("nodelog: truncate %s: %w", segName(seg.id), err)
@@ -366,17 +435,16 @@ func (l *Log) cutTail(seg *segment, buf []byte, end int64, cause error) error {
 	return nil
 }
 
-// findValidFrame looks for any frame at or after from whose header verifies
-// at its position; -1 if there is none.
-func findValidFrame(buf []byte, segID uint64, from int64) int64 {
-	if from < segHeaderSize {
-		from = segHeaderSize
-	}
-	for off := from; off+frameHeaderSize <= int64(len(buf)); off++ {
-		if buf[off+4] != frameMagic0 || buf[off+5] != frameMagic1 {
+// findValidFrame looks in rest (the file from offset base on) for a frame
+// after base whose header and payload verify at their position; it returns
+// that frame's offset, or -1.
+func findValidFrame(rest []byte, segID uint64, base int64) int64 {
+	for i := 1; i+frameHeaderSize <= len(rest); i++ {
+		off := base + int64(i)
+		if off < segHeaderSize || rest[i+4] != frameMagic0 || rest[i+5] != frameMagic1 {
 			continue
 		}
-		if _, _, err := decodeFrame(buf[off:], segID, off); err == nil {
+		if _, _, err := decodeFrame(rest[i:], segID, off); err == nil {
 			return off
 		}
 	}
