@@ -54,6 +54,9 @@ const (
 	readerBusyMs  = 10000                  // busy timeout of user connections
 )
 
+// followReadBytes is how much one read asks for (the server's cap; tests lower it).
+var followReadBytes = streamcore.MaxReadBytes
+
 // FollowerStatus is the state of a follower: Status(path) plus what only a follower has.
 type FollowerStatus struct {
 	replicator.Status
@@ -290,7 +293,7 @@ func (f *follower) run() {
 		}
 		rr, err := f.client.Read(f.ctx, f.url, streamcore.ReadOptions{
 			Offset: streamcore.FormatOffset(next), LongPoll: true, Timeout: followPoll,
-			MaxBytes: streamcore.MaxReadBytes, IfIncarnation: f.inc})
+			MaxBytes: followReadBytes, IfIncarnation: f.inc})
 		if f.ctx.Err() != nil {
 			return
 		}
@@ -308,15 +311,17 @@ func (f *follower) run() {
 			case ce != nil && (ce.Status == http.StatusGone || ce.Status == http.StatusPreconditionFailed ||
 				ce.Status == http.StatusRequestedRangeNotSatisfiable):
 				// Behind retention, or a new incarnation: rebuild from the latest snapshot.
-				if rerr := f.rebuild(ce); rerr != nil {
-					if e, ok := asError(rerr); ok && e.Kind == replicator.KindNotFound {
+				if gone, rerr := f.rebuild(ce); rerr != nil {
+					if gone {
 						f.stop(rerr)
 						return
 					}
 					if f.ctx.Err() != nil {
 						return
 					}
-					if e, ok := asError(rerr); ok && e.Kind == replicator.KindDamaged {
+					// A failed rebuild is retried (a snapshot racing retention, the server
+					// away), except for damage, which more tries do not mend.
+					if e, ok := asError(rerr); ok && (e.Kind == replicator.KindDamaged || e.Kind == replicator.KindLocalDamage) {
 						f.stop(rerr)
 						return
 					}
@@ -466,11 +471,16 @@ func (f *follower) exclusive(fn func() error) error {
 		case <-time.After(applierPause):
 		}
 	}
-	ferr := fn()
-	if err := f.conn.Exec(`ROLLBACK`); err != nil && ferr == nil {
-		ferr = fmt.Errorf("ursula: follower unlock: %w", err)
+	if err := fn(); err != nil {
+		// The file may be half written: keep the lock, so readers fail (busy) rather than
+		// read it, until the DB is closed and opened again (which rebuilds it).
+		return &Error{Kind: replicator.KindLocalDamage, Action: replicator.ActionReattach, Err: err,
+			Message: "writing the follower's file failed; readers are locked out until it is reopened"}
 	}
-	return ferr
+	if err := f.conn.Exec(`ROLLBACK`); err != nil {
+		return fmt.Errorf("ursula: follower unlock: %w", err)
+	}
+	return nil
 }
 
 // stamp makes page 1 say rollback mode, dbPages pages, and a new file change counter,
@@ -525,33 +535,33 @@ func (f *follower) readU32(off int64) (uint32, error) {
 
 // rebuild replaces the whole file with the stream's current state, from its latest
 // snapshot, under the EXCLUSIVE lock (the file keeps its inode: readers hold it open).
-func (f *follower) rebuild(cause *streamcore.ClientError) error {
+func (f *follower) rebuild(cause *streamcore.ClientError) (gone bool, _ error) {
 	info, err := f.client.Head(f.ctx, f.url)
 	if err != nil {
 		var ce *streamcore.ClientError
 		if errors.As(err, &ce) && (ce.Status == http.StatusNotFound || ce.Status == http.StatusGone) {
-			return &Error{Kind: replicator.KindNotFound, Action: replicator.ActionFix, Err: err,
+			return true, &Error{Kind: replicator.KindNotFound, Action: replicator.ActionFix, Err: err,
 				Message: "the followed stream disappeared; the file keeps its last state"}
 		}
-		return classifyFollowRead(err, "HEAD of the stream")
+		return false, classifyFollowRead(err, "HEAD of the stream")
 	}
 	tmp := f.path + "-ursula-follow"
 	defer os.Remove(tmp)
 	img, err := replicator.Restore(f.ctx, f.client, f.url, tmp, 0, f.maxFrame, nil)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if img.DBPages == 0 {
-		return &Error{Kind: replicator.KindNotApplied, Action: replicator.ActionRetry,
+		return false, &Error{Kind: replicator.KindNotApplied, Action: replicator.ActionRetry,
 			Message: "the recreated stream holds no database yet"}
 	}
 	if f.pageSize != 0 && img.PageSize != f.pageSize {
-		return &Error{Kind: replicator.KindDamaged, Action: replicator.ActionStop,
+		return false, &Error{Kind: replicator.KindDamaged, Action: replicator.ActionStop,
 			Message: fmt.Sprintf("the stream's page size changed from %d to %d", f.pageSize, img.PageSize)}
 	}
 	src, err := os.Open(tmp)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer src.Close()
 	err = f.exclusive(func() error {
@@ -571,7 +581,7 @@ func (f *follower) rebuild(cause *streamcore.ClientError) error {
 		return f.stamp(img.DBPages, true)
 	})
 	if err != nil {
-		return err
+		return false, err
 	}
 	f.inc, f.pageSize, f.dbPages = info.Incarnation, img.PageSize, img.DBPages
 	f.mu.Lock()
@@ -579,7 +589,7 @@ func (f *follower) rebuild(cause *streamcore.ClientError) error {
 	f.mu.Unlock()
 	slog.Warn("ursula: follower rebuilt the file from the stream's latest snapshot",
 		"path", f.path, "url", f.url, "offset", img.Tail, "cause", cause.Error())
-	return nil
+	return false, nil
 }
 
 // classifyFollowRead turns a client error of a read into a typed error.
