@@ -6,10 +6,13 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ursula-go/ursula/streamcore"
 )
 
 func randIntn(n int) int { return rand.IntN(n) }
@@ -66,7 +69,70 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte(`{"ready":false,"reason":"shutting down"}`))
 		return
 	}
+	if ra, ok := s.engine.(RaftAdmin); ok {
+		if ok, why := ra.Ready(); !ok {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			json.NewEncoder(w).Encode(map[string]any{"ready": false, "reason": "raft_replica_unready", "detail": why})
+			return
+		}
+	}
 	w.Write([]byte(`{"ready":true}`))
+}
+
+// handleRaftAdmin serves GET /__ursula/raft/status, POST /__ursula/raft/transfer?group=N[&to=ID]
+// and POST /__ursula/raft/drain on engines that run Raft (404 on the memory engine).
+func (s *Server) handleRaftAdmin(w http.ResponseWriter, r *http.Request, path string) {
+	ra, ok := s.engine.(RaftAdmin)
+	if !ok {
+		s.writeError(w, r, streamcore.Errorf(http.StatusNotFound, streamcore.CodeNotFound, "this server does not run Raft"))
+		return
+	}
+	want := http.MethodPost
+	if path == "/__ursula/raft/status" {
+		want = http.MethodGet
+	}
+	if r.Method != want {
+		s.methodNotAllowed(w, r, want)
+		return
+	}
+	drainBody(r)
+	var err error
+	switch path {
+	case "/__ursula/raft/status":
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(ra.RaftStatus())
+		return
+	case "/__ursula/raft/drain":
+		err = ra.Drain()
+	case "/__ursula/raft/transfer":
+		q := r.URL.Query()
+		g, gerr := strconv.ParseUint(q.Get("group"), 10, 64)
+		var to uint64
+		var terr error
+		if q.Has("to") {
+			to, terr = strconv.ParseUint(q.Get("to"), 10, 64)
+		}
+		if gerr != nil || terr != nil {
+			s.writeError(w, r, streamcore.Errorf(http.StatusBadRequest, streamcore.CodeInvalidQuery, "transfer needs group=N and optionally to=NODE_ID"))
+			return
+		}
+		err = ra.TransferLeadership(g, to)
+	}
+	if err != nil {
+		// 404 unknown group, 400 unknown target, 409 otherwise (not the leader, a transfer
+		// in progress, a target that cannot take over).
+		status := http.StatusConflict
+		switch {
+		case strings.Contains(err.Error(), "no such raft group"):
+			status = http.StatusNotFound
+		case strings.Contains(err.Error(), "no such voter"):
+			status = http.StatusBadRequest
+		}
+		s.writeError(w, r, streamcore.Errorf(status, "RAFT_ADMIN", "%s", err.Error()))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Write([]byte(`{"ok":true}`))
 }
 
 // MetricsSnapshot is the JSON shape of GET /__ursula/metrics.

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 
 	"github.com/ursula-go/ursula/streamcore"
 )
@@ -32,4 +33,47 @@ type EngineStats struct {
 	Engine  string `json:"engine"`
 	Streams int    `json:"streams"`
 	Bytes   uint64 `json:"bytes"`
+}
+
+// ErrNoLeader is returned by a replicated engine when the stream's group has no known
+// leader and nothing was proposed. Handlers answer 503 + Retry-After: 1, marked
+// x-ursula-not-applied: NotLeader.
+var ErrNoLeader = errors.New("no leader known for the stream's group")
+
+// NotLeaderError is returned by a replicated engine when this node does not lead the
+// stream's group. LeaderURL is the leader's HTTP base URL ("" when no leader is known).
+// Proposed reports that the command may have been proposed (leadership was lost after
+// it was handed to Raft): its outcome is then unknown and the answer carries no
+// not-applied marker.
+type NotLeaderError struct {
+	LeaderURL string
+	Proposed  bool
+}
+
+func (e *NotLeaderError) Error() string {
+	if e.LeaderURL == "" {
+		return "this node does not lead the stream's group and knows no leader"
+	}
+	return "this node does not lead the stream's group; the leader is " + e.LeaderURL
+}
+
+// LeaderVerifier is implemented by replicated engines. VerifyLeader confirms that this node
+// leads the group holding key and has applied everything committed before the call (a
+// Raft barrier / ReadIndex), so a read that follows sees every acknowledged write. It
+// returns ErrNoLeader or a *NotLeaderError otherwise.
+type LeaderVerifier interface {
+	VerifyLeader(ctx context.Context, key string) error
+}
+
+// RaftAdmin is implemented by replicated engines for the /__ursula/raft/ endpoints and
+// readiness.
+type RaftAdmin interface {
+	// Ready reports whether every local group knows a leader (reason when not).
+	Ready() (bool, string)
+	// RaftStatus is the JSON document of GET /__ursula/raft/status.
+	RaftStatus() any
+	// TransferLeadership moves the leadership of group to node to (0 = any other voter).
+	TransferLeadership(group uint64, to uint64) error
+	// Drain moves every leadership this node holds to other voters.
+	Drain() error
 }

@@ -324,6 +324,9 @@ func (s *Server) handleRead(w http.ResponseWriter, r *http.Request, t *target) {
 		s.writeError(w, r, e)
 		return
 	}
+	if (rq.leader || rq.live != "") && !s.verifyLeader(w, r, t.key) {
+		return
+	}
 	switch rq.live {
 	case "long-poll":
 		s.longPoll(w, r, t, rq, inc)

@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -141,6 +142,9 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	case "/metrics":
 		s.handleMetricsProm(w, r)
 		return
+	case "/__ursula/raft/status", "/__ursula/raft/transfer", "/__ursula/raft/drain":
+		s.handleRaftAdmin(w, r, raw)
+		return
 	}
 	if strings.HasPrefix(raw, "/__ursula/") || raw == "/__ursula" {
 		s.writeError(w, r, streamcore.Errorf(http.StatusNotFound, streamcore.CodeNotFound, "no such operational endpoint"))
@@ -222,7 +226,9 @@ func (s *Server) routeStream(w http.ResponseWriter, r *http.Request, t *target, 
 		case http.MethodGet:
 			s.handleRead(w, r, t)
 		case http.MethodHead:
-			s.handleHead(w, r, t)
+			if s.verifyLeader(w, r, t.key) {
+				s.handleHead(w, r, t)
+			}
 		case http.MethodDelete:
 			s.handleDelete(w, r, t)
 		default:
@@ -236,7 +242,9 @@ func (s *Server) routeStream(w http.ResponseWriter, r *http.Request, t *target, 
 				s.methodNotAllowed(w, r, "GET, OPTIONS")
 				return
 			}
-			s.handleBootstrap(w, r, t)
+			if s.verifyLeader(w, r, t.key) {
+				s.handleBootstrap(w, r, t)
+			}
 			return
 		case "snapshot":
 			// The removed latest-snapshot path (checklist 1.11).
@@ -367,6 +375,9 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, e *streamcor
 	for k, v := range e.Headers {
 		h.Set(k, v)
 	}
+	if e.Status == http.StatusTemporaryRedirect && e.Code == CodeNotLeader {
+		h.Set("Location", e.Headers["Location"]+r.URL.RequestURI()) // the same request on the leader
+	}
 	h.Set("Content-Type", "application/json")
 	if r.Method == http.MethodHead {
 		w.WriteHeader(e.Status)
@@ -408,10 +419,71 @@ func (s *Server) propose(ctx context.Context, c *streamcore.Command) (streamcore
 		if e, ok := err.(*streamcore.Error); ok {
 			return res, e
 		}
+		// Only appends, closes and creates carry the not-applied marker when refused before
+		// proposal; deletes, snapshots and retention stay unmarked (checklist-ops 147).
+		if e := leaderError(err, c.Op == streamcore.OpAppend || c.Op == streamcore.OpCreate); e != nil {
+			return res, e
+		}
 		return res, streamcore.Errorf(http.StatusServiceUnavailable, streamcore.CodeOutcomeUnknown, "the write was proposed but its outcome is unknown").
 			With(streamcore.HdrRetryAfter, "1")
 	}
 	return res, nil
+}
+
+// CodeNotLeader is the error code of leader redirects and of 503s while no leader is known.
+const CodeNotLeader = "NOT_LEADER"
+
+// leaderError maps a replicated engine's leadership errors to the answer: 307 to the
+// same path and query on the leader (writeError completes Location with the request's
+// path and query), or 503 + Retry-After: 1 while no leader is known.
+// mark adds x-ursula-not-applied: NotLeader when the engine proposed nothing (nodes never
+// add x-ursula-not-applied-checked: that is the gateway's vouch). nil: not such an error.
+func leaderError(err error, mark bool) *streamcore.Error {
+	var nl *NotLeaderError
+	var e *streamcore.Error
+	proposed := false
+	switch {
+	case errors.Is(err, ErrNoLeader):
+		e = streamcore.Errorf(http.StatusServiceUnavailable, CodeNotLeader, "the stream's group has no leader yet").With(streamcore.HdrRetryAfter, "1")
+	case errors.As(err, &nl):
+		proposed = nl.Proposed
+		if nl.LeaderURL == "" {
+			e = streamcore.Errorf(http.StatusServiceUnavailable, CodeNotLeader, "the stream's group has no leader yet").With(streamcore.HdrRetryAfter, "1")
+		} else {
+			e = streamcore.Errorf(http.StatusTemporaryRedirect, CodeNotLeader, "this node does not lead the stream's group").
+				With("Location", strings.TrimRight(nl.LeaderURL, "/"))
+		}
+	default:
+		return nil
+	}
+	if mark && !proposed {
+		e.With(streamcore.HdrNotApplied, "NotLeader")
+	}
+	return e
+}
+
+// verifyLeader confirms, on a replicated engine, that this node leads key's group and has
+// applied everything committed (ReadIndex) before a tail-sensitive read: consistency=leader,
+// HEAD, bootstrap, live-read registration. It answers the refusal itself and returns false
+// when the read must not be served here.
+func (s *Server) verifyLeader(w http.ResponseWriter, r *http.Request, key string) bool {
+	lv, ok := s.engine.(LeaderVerifier)
+	if !ok {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+	defer cancel()
+	err := lv.VerifyLeader(ctx, key)
+	if err == nil {
+		return true
+	}
+	e := leaderError(err, false)
+	if e == nil {
+		e = streamcore.Errorf(http.StatusServiceUnavailable, CodeNotLeader, "could not confirm leadership of the stream's group").With(streamcore.HdrRetryAfter, "1")
+	}
+	drainBody(r)
+	s.writeError(w, r, e)
+	return false
 }
 
 type statusWriter struct {

@@ -19,15 +19,18 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+	"github.com/hashicorp/raft"
 
 	"github.com/ursula-go/ursula/server"
+	"github.com/ursula-go/ursula/server/nodelog"
+	"github.com/ursula-go/ursula/server/raftengine"
 )
 
 const usage = `ursula: a Durable Streams server (HTTP append-only streams with snapshots,
 retention, idempotent producers and live reads), the home of replicated SQLite databases.
 
 Usage:
-  ursula server [--listen ADDR] [--data DIR] [--config FILE] [--engine memory]
+  ursula server [--listen ADDR] [--data DIR] [--config FILE] [--engine raft|memory] [--node-id N]
   ursula export <stream-url> <out.db> [--at OFFSET]
   ursula help
 
@@ -37,16 +40,33 @@ Commands:
 
 Server flags (flags override the config file):
   --listen ADDR    address to listen on (config server.listen; default 127.0.0.1:4437)
-  --data DIR       data directory; holds the persisted cluster id (default ./ursula-data)
-  --config FILE    TOML config file, e.g.
+  --data DIR       data directory: cluster id, Raft snapshots and, by default, the node log
+                   (config server.data_dir; default ./ursula-data)
+  --config FILE    TOML config file (unknown keys are refused), e.g. one node of a cluster:
                        [server]
                        listen = "127.0.0.1:4437"
-                       cluster_id = "my-cluster"
                        data_dir = "./ursula-data"
-                       engine = "memory"
+                       engine = "raft"            # or "memory"
+                       [raft]
+                       node_id = 1
+                       group_count = 16           # fixed for the life of the data
+                       init_membership_per_group = true
+                       [raft.wal]
+                       path = "./ursula-data/wal" # default <data_dir>/wal
+                       fsync = "never"            # or "always"
+                       [[raft.peers]]
+                       node_id = 1
+                       url = "http://127.0.0.1:4437"
+                       raft_addr = "127.0.0.1:5437"
+                       # ... one [[raft.peers]] per voter, this node included
+  --engine NAME    "raft" (default): persistent, replicated when peers are configured; with
+                   no peers a single voter. "memory": streams live in process memory only.
+  --node-id N      overrides raft.node_id, so one config file can serve every node
   --cpuprofile F   write a Go CPU profile to F until shutdown (for performance work)
-  --engine NAME    storage engine: "memory" (streams live in process memory and are lost
-                   on exit). The persistent raft engine comes with the multi-Raft work.
+
+With no config, ursula server runs one persistent node (Raft, a single voter) under
+./ursula-data: a restart keeps every acknowledged write. fsync = "never" survives a process
+crash (kill -9); only fsync = "always" survives a host crash or power loss.
 
 Try it:
   ursula server &
@@ -55,7 +75,9 @@ Try it:
   curl 'http://127.0.0.1:4437/demo/hello?offset=-1'
 
 Endpoints: streams at /{bucket}/{stream}, the reference-server family at /v1/stream/{path},
-readiness at /__ursula/ready, metrics at /__ursula/metrics (JSON) and /metrics (Prometheus).
+readiness at /__ursula/ready, metrics at /__ursula/metrics (JSON) and /metrics (Prometheus),
+Raft: GET /__ursula/raft/status, POST /__ursula/raft/transfer?group=N[&to=ID],
+POST /__ursula/raft/drain.
 `
 
 func main() {
@@ -96,6 +118,25 @@ type fileConfig struct {
 		DataDir   string `toml:"data_dir"`
 		Engine    string `toml:"engine"`
 	} `toml:"server"`
+	Raft struct {
+		NodeID                 uint64 `toml:"node_id"`
+		GroupCount             int    `toml:"group_count"`
+		InitMembershipPerGroup *bool  `toml:"init_membership_per_group"`
+		InitMembership         *bool  `toml:"init_membership"` // alias (troubleshooting docs)
+		HeartbeatTimeoutMs     int    `toml:"heartbeat_timeout_ms"`
+		SnapshotThreshold      uint64 `toml:"snapshot_threshold"`
+		TrailingLogs           uint64 `toml:"trailing_logs"`
+		WAL                    struct {
+			Path        string `toml:"path"`
+			Fsync       string `toml:"fsync"`
+			SegmentSize int64  `toml:"segment_size"`
+		} `toml:"wal"`
+		Peers []struct {
+			NodeID   uint64 `toml:"node_id"`
+			URL      string `toml:"url"`
+			RaftAddr string `toml:"raft_addr"`
+		} `toml:"peers"`
+	} `toml:"raft"`
 }
 
 func runServer(args []string, stderr io.Writer) error {
@@ -106,6 +147,7 @@ func runServer(args []string, stderr io.Writer) error {
 	data := fs.String("data", "", "data directory")
 	config := fs.String("config", "", "TOML config file")
 	engine := fs.String("engine", "", "storage engine")
+	nodeID := fs.Uint64("node-id", 0, "raft node id (overrides raft.node_id)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile to this file until shutdown")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -138,9 +180,12 @@ func runServer(args []string, stderr io.Writer) error {
 	}
 	addr := pick(*listen, fc.Server.Listen, "127.0.0.1:4437")
 	dataDir := pick(*data, fc.Server.DataDir, "./ursula-data")
-	engineName := pick(*engine, fc.Server.Engine, "memory")
-	if engineName != "memory" {
-		return fmt.Errorf("engine %q is not available; this build has: memory", engineName)
+	engineName := pick(*engine, fc.Server.Engine, "raft")
+	if engineName != "memory" && engineName != "raft" {
+		return fmt.Errorf("engine %q is not available; this build has: raft, memory", engineName)
+	}
+	if *nodeID != 0 {
+		fc.Raft.NodeID = *nodeID
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
 	if *cpuProfile != "" {
@@ -162,14 +207,36 @@ func runServer(args []string, stderr io.Writer) error {
 		}
 		clusterID = id
 	}
-	eng := server.NewMemoryEngine(10 * time.Second)
-	defer eng.Close()
-	srv := server.New(eng, server.Config{ClusterID: clusterID, Logger: logger})
-
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", addr, err)
 	}
+	var eng server.Engine
+	var drain func()
+	if engineName == "memory" {
+		eng = server.NewMemoryEngine(10 * time.Second)
+	} else {
+		re, closeLog, err := openRaft(&fc, dataDir, "http://"+ln.Addr().String(), stderr, logger)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		defer closeLog()
+		eng = re
+		if len(fc.Raft.Peers) > 1 {
+			drain = func() { re.Drain() }
+		} else {
+			// A single voter elects itself at once: serve when it has (bounded), so the
+			// first requests do not meet 503s.
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+				if ok, _ := re.Ready(); ok {
+					break
+				}
+			}
+		}
+	}
+	defer eng.Close()
+	srv := server.New(eng, server.Config{ClusterID: clusterID, Logger: logger})
 	// Live reads (long-poll, SSE) watch the base context, so a shutdown ends them at once
 	// instead of waiting for their timeouts.
 	baseCtx, cancelBase := context.WithCancel(context.Background())
@@ -190,12 +257,103 @@ func runServer(args []string, stderr io.Writer) error {
 	}
 	logger.Info("shutting down")
 	srv.SetReady(false)
+	if drain != nil {
+		// Hand leaderships to the other voters (bounded), so writes move on at once.
+		done := make(chan struct{})
+		go func() { drain(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+		}
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
 	return nil
+}
+
+// openRaft opens the node log and the raft engine as configured.
+func openRaft(fc *fileConfig, dataDir, selfURL string, stderr io.Writer, logger *slog.Logger) (*raftengine.Engine, func(), error) {
+	rc := &fc.Raft
+	if rc.NodeID == 0 {
+		if len(rc.Peers) > 0 {
+			return nil, nil, errors.New("raft.node_id must be non-zero (or pass --node-id)")
+		}
+		rc.NodeID = 1
+	}
+	var peers []raftengine.Peer
+	self := -1
+	for i, p := range rc.Peers {
+		if p.NodeID == 0 {
+			return nil, nil, errors.New("raft.peers: node_id must be non-zero")
+		}
+		if len(rc.Peers) > 1 && (p.URL == "" || p.RaftAddr == "") {
+			return nil, nil, fmt.Errorf("raft.peers: node %d needs url and raft_addr", p.NodeID)
+		}
+		if p.NodeID == rc.NodeID {
+			self = i
+		}
+		peers = append(peers, raftengine.Peer{ID: p.NodeID, URL: strings.TrimRight(p.URL, "/"), RaftAddr: p.RaftAddr})
+	}
+	if len(rc.Peers) > 0 && self < 0 {
+		return nil, nil, fmt.Errorf("raft.peers must include this node (node_id %d)", rc.NodeID)
+	}
+	if len(peers) == 0 {
+		peers = []raftengine.Peer{{ID: rc.NodeID, URL: selfURL}}
+	}
+	fsync, err := nodelog.ParseFsyncMode(pickStr(rc.WAL.Fsync, "never"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("raft.wal.fsync: %w", err)
+	}
+	walDir := pickStr(rc.WAL.Path, filepath.Join(dataDir, "wal"))
+	if err := os.MkdirAll(walDir, 0o755); err != nil {
+		return nil, nil, fmt.Errorf("raft.wal.path: %w", err)
+	}
+	nl, err := nodelog.Open(walDir, nodelog.Options{Fsync: fsync, SegmentBytes: rc.WAL.SegmentSize,
+		Logf: func(f string, a ...any) { logger.Warn(fmt.Sprintf(f, a...), "component", "nodelog") }})
+	if err != nil {
+		return nil, nil, fmt.Errorf("node log %s: %w", walDir, err)
+	}
+	cfg := raftengine.Config{
+		NodeID: rc.NodeID, GroupCount: rc.GroupCount, Peers: peers, Dir: filepath.Join(dataDir, "raft"),
+		Stores: func(g uint64) (raft.LogStore, raft.StableStore, error) {
+			s := nl.Group(g)
+			return s, s, nil
+		},
+		InitMembership:    true,
+		HeartbeatTimeout:  time.Duration(rc.HeartbeatTimeoutMs) * time.Millisecond,
+		SnapshotThreshold: rc.SnapshotThreshold, TrailingLogs: rc.TrailingLogs,
+		Logger: logger, RaftLog: stderr,
+	}
+	for _, v := range []*bool{rc.InitMembershipPerGroup, rc.InitMembership} {
+		if v != nil {
+			cfg.InitMembership = *v
+		}
+	}
+	if len(peers) > 1 {
+		ln, err := net.Listen("tcp", peers[self].RaftAddr)
+		if err != nil {
+			nl.Close()
+			return nil, nil, fmt.Errorf("cluster listener %s: %w", peers[self].RaftAddr, err)
+		}
+		cfg.Listener = ln
+	}
+	e, err := raftengine.Open(cfg)
+	if err != nil {
+		nl.Close()
+		return nil, nil, err
+	}
+	logger.Info("raft engine", "node_id", rc.NodeID, "groups", e.GroupCount(), "voters", len(peers), "wal", walDir, "fsync", fsync.String())
+	return e, func() { e.Close(); nl.Close() }, nil
+}
+
+func pickStr(v, def string) string {
+	if v != "" {
+		return v
+	}
+	return def
 }
 
 func validClusterID(id string) bool {
