@@ -209,25 +209,37 @@ func openFollower(streamURL string, opts Options) (_ *sql.DB, err error) {
 			}
 		}
 	}()
-	img, err := replicator.Restore(ctx, client, streamURL, path, 0, f.maxFrame, nil)
-	if err != nil {
-		return nil, err
-	}
-	os.Remove(path + "-journal") // a stale journal would look hot to readers
-	f.tail, f.epoch, f.pageSize, f.dbPages = img.Tail, img.Epoch, img.PageSize, img.DBPages
-	if f.file, err = os.OpenFile(path, os.O_RDWR, 0); err != nil {
-		return nil, err
-	}
-	if img.DBPages > 0 {
-		if err := f.stamp(img.DBPages, false); err != nil {
+	if isFollowerFile(path) {
+		// The file of an earlier follower: other processes may be reading it, so rebuild
+		// it in place under SQLite's lock rather than replace it (they would keep the old
+		// inode and never see another commit).
+		if err := f.openFile(); err != nil {
 			return nil, err
 		}
-	}
-	if f.conn, err = sqlite3.OpenFlags(path, sqlite3.OPEN_READWRITE); err != nil {
-		return nil, err
-	}
-	if err := f.conn.BusyTimeout(applierBusy); err != nil {
-		return nil, err
+		if f.lastCounter, err = f.readU32(24); err != nil {
+			return nil, err
+		}
+		if f.lastCookie, err = f.readU32(40); err != nil {
+			return nil, err
+		}
+		if _, err := f.rebuild(nil); err != nil {
+			return nil, err
+		}
+	} else {
+		img, err := replicator.Restore(ctx, client, streamURL, path, 0, f.maxFrame, nil)
+		if err != nil {
+			return nil, err
+		}
+		os.Remove(path + "-journal") // a stale journal would look hot to readers
+		f.tail, f.epoch, f.pageSize, f.dbPages = img.Tail, img.Epoch, img.PageSize, img.DBPages
+		if err := f.openFile(); err != nil {
+			return nil, err
+		}
+		if img.DBPages > 0 {
+			if err := f.stamp(img.DBPages, false); err != nil {
+				return nil, err
+			}
+		}
 	}
 	dsn := "file:" + (&url.URL{Path: path}).EscapedPath() + fmt.Sprintf("?mode=ro&_pragma=busy_timeout(%d)", readerBusyMs)
 	inner, err := (&driver.SQLite{}).OpenConnector(dsn)
@@ -242,6 +254,38 @@ func openFollower(streamURL string, opts Options) (_ *sql.DB, err error) {
 	f.started = true
 	go f.run()
 	return sdb, nil
+}
+
+// openFile opens the file for the applier: directly, and through the private
+// connection that takes SQLite's locks.
+func (f *follower) openFile() (err error) {
+	if f.file, err = os.OpenFile(f.path, os.O_RDWR, 0); err != nil {
+		return err
+	}
+	if f.conn, err = sqlite3.OpenFlags(f.path, sqlite3.OPEN_READWRITE); err != nil {
+		return err
+	}
+	return f.conn.BusyTimeout(applierBusy)
+}
+
+// isFollowerFile reports a database file in rollback mode with neither a journal nor a
+// WAL beside it: what a follower leaves (an owner's file is in WAL mode).
+func isFollowerFile(path string) bool {
+	b := make([]byte, 100)
+	fl, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer fl.Close()
+	if _, err := io.ReadFull(fl, b); err != nil || string(b[:16]) != "SQLite format 3\x00" || b[18] != 1 || b[19] != 1 {
+		return false
+	}
+	for _, side := range []string{"-journal", "-wal"} {
+		if _, err := os.Lstat(path + side); !os.IsNotExist(err) {
+			return false
+		}
+	}
+	return true
 }
 
 // followConnector is the connector of a follower's *sql.DB: closing the DB stops the
@@ -535,6 +579,7 @@ func (f *follower) readU32(off int64) (uint32, error) {
 
 // rebuild replaces the whole file with the stream's current state, from its latest
 // snapshot, under the EXCLUSIVE lock (the file keeps its inode: readers hold it open).
+// cause is the read refusal that made it necessary; nil when Open reuses a file.
 func (f *follower) rebuild(cause *streamcore.ClientError) (gone bool, _ error) {
 	info, err := f.client.Head(f.ctx, f.url)
 	if err != nil {
@@ -551,20 +596,18 @@ func (f *follower) rebuild(cause *streamcore.ClientError) (gone bool, _ error) {
 	if err != nil {
 		return false, err
 	}
-	if img.DBPages == 0 {
-		return false, &Error{Kind: replicator.KindNotApplied, Action: replicator.ActionRetry,
-			Message: "the recreated stream holds no database yet"}
-	}
-	if f.pageSize != 0 && img.PageSize != f.pageSize {
-		return false, &Error{Kind: replicator.KindDamaged, Action: replicator.ActionStop,
-			Message: fmt.Sprintf("the stream's page size changed from %d to %d", f.pageSize, img.PageSize)}
-	}
 	src, err := os.Open(tmp)
 	if err != nil {
 		return false, err
 	}
 	defer src.Close()
 	err = f.exclusive(func() error {
+		if img.DBPages == 0 {
+			// A stream with no commit yet: an empty database. Its first page 1 will
+			// carry a cookie past any this file held.
+			f.cookieDelta = f.lastCookie + 1
+			return f.file.Truncate(0)
+		}
 		if _, err := io.Copy(io.NewOffsetWriter(f.file, 0), src); err != nil {
 			return err
 		}
@@ -585,10 +628,15 @@ func (f *follower) rebuild(cause *streamcore.ClientError) (gone bool, _ error) {
 	}
 	f.inc, f.pageSize, f.dbPages = info.Incarnation, img.PageSize, img.DBPages
 	f.mu.Lock()
-	f.tail, f.epoch, f.rebuilds, f.lastApplied = img.Tail, img.Epoch, f.rebuilds+1, time.Now()
+	f.tail, f.epoch = img.Tail, img.Epoch
+	if cause != nil {
+		f.rebuilds, f.lastApplied = f.rebuilds+1, time.Now()
+	}
 	f.mu.Unlock()
-	slog.Warn("ursula: follower rebuilt the file from the stream's latest snapshot",
-		"path", f.path, "url", f.url, "offset", img.Tail, "cause", cause.Error())
+	if cause != nil {
+		slog.Warn("ursula: follower rebuilt the file from the stream's latest snapshot",
+			"path", f.path, "url", f.url, "offset", img.Tail, "cause", cause.Error())
+	}
 	return false, nil
 }
 

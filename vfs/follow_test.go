@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ncruces/go-sqlite3"
+	"github.com/ncruces/go-sqlite3/driver"
 
 	"github.com/ursula-go/ursula/replicator"
 	"github.com/ursula-go/ursula/streamcore"
@@ -480,6 +481,55 @@ func TestFollowRecreatedStream(t *testing.T) {
 		t.Fatalf("status %+v", fs)
 	}
 	integrityOK(t, follower)
+}
+
+// TestFollowOtherProcessReaders: any SQLite reader of the file (here a plain connection
+// pool, as another process would have) follows along, also across a restart of the
+// follower, which rebuilds the file in place rather than replacing it.
+func TestFollowOtherProcessReaders(t *testing.T) {
+	owner, follower, fpath, url := openPair(t, "others")
+	mustExec(t, owner, `INSERT INTO t(v) VALUES ('a')`)
+	waitCount(t, follower, `SELECT count(*) FROM t`, 1, 5*time.Second)
+	plain, err := driver.Open("file:" + fpath + "?mode=ro&_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if n := count(t, plain, `SELECT count(*) FROM t`); n != 1 {
+		t.Fatalf("plain reader: %d rows", n)
+	}
+	mustExec(t, owner, `INSERT INTO t(v) VALUES ('b')`)
+	waitCount(t, plain, `SELECT count(*) FROM t`, 2, 5*time.Second)
+
+	before, err := os.Stat(fpath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := follower.Close(); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, owner, `CREATE TABLE u(x)`)
+	mustExec(t, owner, `INSERT INTO t(v) VALUES ('c')`)
+	again, err := Open(url, Options{Path: fpath, Follow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	after, err := os.Stat(fpath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !os.SameFile(before, after) {
+		t.Fatal("the restarted follower replaced the file")
+	}
+	waitCount(t, plain, `SELECT count(*) FROM t`, 3, 5*time.Second)
+	waitCount(t, plain, `SELECT count(*) FROM sqlite_master WHERE name = 'u'`, 1, 5*time.Second)
+	mustExec(t, owner, `INSERT INTO u VALUES (1)`)
+	waitCount(t, plain, `SELECT count(*) FROM u`, 1, 5*time.Second)
+	if fs := followStatus(t, fpath); fs.Rebuilds != 0 || !fs.Following {
+		t.Fatalf("status %+v", fs)
+	}
+	integrityOK(t, plain)
 }
 
 // TestFollowMissingStream: following a stream that does not exist is a typed not_found
