@@ -26,6 +26,7 @@ vet:
 ## unit: every Go test with -race; the S3 cold-tier tests must run (versitygw from s3-deps)
 unit: s3-deps
 	URSULA_REQUIRE_S3=1 $(GO) test -race -count=1 ./...
+	URSULA_REQUIRE_S3=1 $(GO) test -count=1 -run '^TestColdS3LargeStream$$' -v ./server/
 
 ## s3-deps: install versitygw, the local S3 server of the cold-tier tests (once)
 s3-deps:

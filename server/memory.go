@@ -4,6 +4,7 @@ import (
 	"context"
 	"hash/fnv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ursula-go/ursula/streamcore"
@@ -24,6 +25,7 @@ type memShard struct {
 	mu       sync.RWMutex
 	state    *streamcore.State
 	watchers map[string]chan struct{}
+	hot      atomic.Int64 // hot (unflushed) bytes of the shard's streams, for cold admission
 }
 
 // NewMemoryEngine returns an empty memory engine that sweeps expired streams every sweep.
@@ -54,7 +56,9 @@ func (e *MemoryEngine) Propose(ctx context.Context, c *streamcore.Command) (stre
 		sh.mu.Unlock()
 		return e.proposeLocked(c), nil
 	}
+	before := sh.hotOf(c.Key)
 	res := sh.state.Apply(c)
+	sh.hot.Add(sh.hotOf(c.Key) - before)
 	wake := sh.takeWatcher(c.Key, res.Changed)
 	sh.mu.Unlock()
 	if wake != nil {
@@ -69,6 +73,7 @@ func (e *MemoryEngine) proposeLocked(c *streamcore.Command) streamcore.Result {
 	e.lockAll()
 	sh := e.shard(c.Key)
 	res := sh.state.Apply(c)
+	e.recountHot()
 	var wakes []chan struct{}
 	if res.Changed {
 		// A cascade may have removed other streams; wake every waiter so they re-check.
@@ -175,6 +180,7 @@ func (e *MemoryEngine) sweeper(every time.Duration) {
 			for i := range e.shards {
 				e.shards[i].state.Sweep(now.UnixMilli())
 			}
+			e.recountHot()
 			e.unlockAll()
 		}
 	}

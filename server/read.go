@@ -28,8 +28,9 @@ type view struct {
 	start     uint64 // resolved read offset
 	end       uint64 // just past the returned bytes
 	data      [][]byte
-	jsonArray bool // compat family: JSON reads are one JSON array of whole messages
-	pin       any  // keeps the blocks behind data mapped (streamcore.Buffer.Pin)
+	jsonArray bool      // compat family: JSON reads are one JSON array of whole messages
+	pin       any       // keeps the blocks behind data mapped (streamcore.Buffer.Pin)
+	cold      *coldPlan // bytes below the hot buffer, fetched after the View (cold_read.go)
 }
 
 func (v *view) isJSON() bool { return streamcore.IsJSON(v.ct) }
@@ -144,6 +145,10 @@ func (s *Server) look(t *target, off streamcore.ReadOffset, maxBytes uint64, inc
 			return
 		}
 		v.end = min(v.tail, v.start+maxBytes)
+		if s.planCold(v, t.key, str) {
+			v.jsonArray = t.compat && str.IsJSON() // cut to whole messages after the fetch
+			return
+		}
 		if t.compat && str.IsJSON() {
 			v.jsonArray = true
 			v.end = wholeMessages(str, v.start, v.end)
@@ -154,6 +159,13 @@ func (s *Server) look(t *target, off streamcore.ReadOffset, maxBytes uint64, inc
 	if e == nil && inc != 0 && inc != v.inc {
 		e = streamcore.Errorf(http.StatusPreconditionFailed, streamcore.CodeIncarnationMismatch, "Stream-Incarnation does not match the stream's current incarnation").
 			With(streamcore.HdrIncarnation, u64(v.inc))
+	}
+	if v != nil && v.cold != nil {
+		if e == nil {
+			e = s.fetchCold(v)
+		} else {
+			s.cold.unpinPlan(v.cold)
+		}
 	}
 	return v, e
 }

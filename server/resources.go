@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"io"
 	"net/http"
 	"runtime"
 	"strconv"
@@ -86,7 +87,20 @@ func (s *Server) handleBootstrap(w http.ResponseWriter, r *http.Request, t *targ
 			h.Set(streamcore.HdrStreamClosed, "true")
 		}
 	}
+	var coldSnap io.ReadCloser // a snapshot body in the cold store, streamed into the first part
+	if v.snap != nil && v.snap.ColdKey != "" {
+		s.cold.pin(v.snap.ColdKey)
+		defer s.cold.unpin(v.snap.ColdKey)
+		rc, e := s.openColdSnapshot(r.Context(), v.snap)
+		if e != nil {
+			s.writeError(w, r, e)
+			return
+		}
+		defer rc.Close()
+		coldSnap = rc
+	}
 	body := streamcore.AppendMultipartPart(nil, boundary, first)
+	coldAt := len(body) - 2 // before the first part's closing CRLF
 	if len(updates) > 0 {
 		if json {
 			for len(updates) > 0 {
@@ -99,6 +113,14 @@ func (s *Server) handleBootstrap(w http.ResponseWriter, r *http.Request, t *targ
 		}
 	}
 	body = streamcore.AppendMultipartEnd(body, boundary)
+	if coldSnap != nil {
+		h.Set("Content-Length", strconv.Itoa(len(body)+int(v.snap.Size)))
+		w.WriteHeader(http.StatusOK)
+		w.Write(body[:coldAt])
+		io.Copy(w, coldSnap)
+		w.Write(body[coldAt:])
+		return
+	}
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(http.StatusOK)
 	w.Write(body)
@@ -140,7 +162,7 @@ func (s *Server) serveSnapshot(w http.ResponseWriter, r *http.Request, t *target
 		return
 	}
 	h := w.Header()
-	size := uint64(len(sn.Body))
+	size := sn.BodySize()
 	lo, hi, ranged, unsat := parseRange(r, size)
 	if unsat {
 		h.Set("Content-Range", "bytes */"+u64(size))
@@ -169,6 +191,15 @@ func (s *Server) serveSnapshot(w http.ResponseWriter, r *http.Request, t *target
 	}
 	if etagMatches(r, etag) {
 		w.WriteHeader(http.StatusNotModified)
+		return
+	}
+	if sn.ColdKey != "" {
+		status, from, n := http.StatusOK, uint64(0), size
+		if ranged {
+			h.Set("Content-Range", "bytes "+u64(lo)+"-"+u64(hi)+"/"+u64(size))
+			status, from, n = http.StatusPartialContent, lo, hi-lo+1
+		}
+		s.writeColdSnapshot(w, r, sn, status, from, n)
 		return
 	}
 	body := sn.Body

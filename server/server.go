@@ -42,6 +42,7 @@ type Server struct {
 	live    atomic.Int64
 	ready   atomic.Bool
 	clock   func() time.Time
+	cold    *coldTier // nil without a cold store (cold.go)
 }
 
 // New returns a server over engine.

@@ -17,6 +17,9 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, t *target)
 		return
 	}
 	c, e := s.createCommand(r, t, body)
+	if e == nil {
+		e = s.coldAdmit(t.key, len(c.Body))
+	}
 	if e != nil {
 		s.writeError(w, r, e)
 		return
@@ -169,6 +172,10 @@ func (s *Server) handleAppend(w http.ResponseWriter, r *http.Request, t *target)
 		sum := blake3.Sum256(body)
 		c.DigestBad = hex.EncodeToString(sum[:]) != ph.Digest
 	}
+	if e := s.coldAdmit(t.key, len(stored)); e != nil {
+		s.writeError(w, r, e)
+		return
+	}
 	res, e := s.propose(r.Context(), c)
 	if e != nil {
 		s.writeError(w, r, e)
@@ -247,7 +254,13 @@ func (s *Server) handlePublishSnapshot(w http.ResponseWriter, r *http.Request, t
 		Op: streamcore.OpPublishSnapshot, Key: t.key, Now: s.now(), IfIncarnation: inc,
 		Offset: off, SnapshotType: ct, SnapshotDigest: SnapshotDigest(ct, body), Body: body,
 	}
+	staged, e := s.stageSnapshot(t.key, c) // big bodies go to the cold store first
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
 	res, e := s.propose(r.Context(), c)
+	s.unstageSnapshot(staged, res, e)
 	if e != nil {
 		s.writeError(w, r, e)
 		return
@@ -267,7 +280,8 @@ func (s *Server) handleRetain(w http.ResponseWriter, r *http.Request, t *target,
 		return
 	}
 	drainBody(r)
-	res, e := s.propose(r.Context(), &streamcore.Command{Op: streamcore.OpRetain, Key: t.key, Now: s.now(), IfIncarnation: inc, Offset: off})
+	res, e := s.propose(r.Context(), &streamcore.Command{Op: streamcore.OpRetain, Key: t.key, Now: s.now(), IfIncarnation: inc, Offset: off,
+		BoundaryChecked: s.coldBoundary(t.key, off)})
 	if e != nil {
 		s.writeError(w, r, e)
 		return

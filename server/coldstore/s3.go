@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -49,9 +51,16 @@ func NewS3(ctx context.Context, cfg S3Config) (*S3, error) {
 		opts = append(opts, config.WithCredentialsProvider(
 			credentials.NewStaticCredentialsProvider(cfg.AccessKeyID, cfg.SecretAccessKey, cfg.SessionToken)))
 	}
-	if cfg.MaxRetries > 0 {
-		opts = append(opts, config.WithRetryMaxAttempts(cfg.MaxRetries+1))
-	}
+	// No client-side retry quota: after an outage the store must be used again at once
+	// (the flusher has its own backoff).
+	opts = append(opts, config.WithRetryer(func() aws.Retryer {
+		return retry.NewStandard(func(o *retry.StandardOptions) {
+			o.RateLimiter = ratelimit.None
+			if cfg.MaxRetries > 0 {
+				o.MaxAttempts = cfg.MaxRetries + 1
+			}
+		})
+	}))
 	awsCfg, err := config.LoadDefaultConfig(ctx, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("storage.cold.s3: loading AWS configuration: %w", err)

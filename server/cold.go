@@ -1,0 +1,257 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ursula-go/ursula/server/coldstore"
+	"github.com/ursula-go/ursula/streamcore"
+)
+
+// The cold tier (DESIGN.md §3 "Tiers"). Appends land in the engine's hot buffers; a
+// background flusher (flush.go) writes contiguous old ranges of a stream to the object
+// store as chunk objects and then proposes streamcore.OpRecordChunk, which records the
+// chunk and trims the hot range, so every replica reaches the same state. Reads plan over
+// both tiers under the engine's View and fetch cold ranges afterwards, outside any lock
+// (cold_read.go). Snapshot bodies of at least storage.cold.snapshot_min_size are stored as
+// objects. A collector (cold_gc.go) deletes objects nothing references any more after a
+// grace period, never one a read in flight has pinned.
+//
+// Object keys (all under storage.cold.root, then the s3 prefix for the s3 backend):
+//
+//	{cluster}/{bucket}/{h}-{stream}/{incarnation}/c/{start:020d}-{end:020d}    chunk: stream bytes [start, end)
+//	{cluster}/{bucket}/{h}-{stream}/{incarnation}/s/{offset:020d}-{random}    snapshot body
+//
+// {bucket} and {stream} are path-escaped ('/' in compat stream names becomes %2F), the
+// stream name is cut to 120 bytes, and {h} is the first 16 hex digits of SHA-256(key), so
+// keys stay unique and below S3's 1024-byte limit. The key of every object is recorded in
+// the replicated state: readers never derive keys, so a naming change never strands data.
+
+// ColdEngine is what the cold tier needs of an engine beyond Engine. A "group" is a unit
+// of hot accounting and admission: a Raft group, or a shard of the memory engine.
+type ColdEngine interface {
+	// ColdGroups lists the groups whose streams this node may flush (for a replicated
+	// engine: the groups it leads).
+	ColdGroups() []int
+	// GroupOf returns the group of a stream key.
+	GroupOf(key string) int
+	// GroupHotBytes is the group's unflushed payload (cheap: called on every append).
+	GroupHotBytes(g int) int64
+	// HotStreams lists the streams of group g with hot bytes, most hot bytes first.
+	HotStreams(g int) []HotStream
+	// ColdRefs calls fn with the key of every object any stream references.
+	ColdRefs(fn func(key string))
+}
+
+// HotStream is a stream with unflushed bytes [HotStart, Tail).
+type HotStream struct {
+	Key         string
+	Incarnation uint64
+	HotStart    uint64
+	Tail        uint64
+}
+
+// ColdOptions tune the cold tier beyond the config file (tests).
+type ColdOptions struct {
+	BackoffMax time.Duration // cap of the flusher's doubling backoff (default 30s)
+}
+
+// CodeColdBackpressure and CodeColdStoreFailed are the cold tier's error codes.
+const (
+	CodeColdBackpressure = "COLD_BACKPRESSURE"
+	CodeColdStoreFailed  = "COLD_STORE_FAILED"
+)
+
+// coldTier is the running cold tier of a server.
+type coldTier struct {
+	store  coldstore.Store
+	cfg    coldstore.Config
+	opts   ColdOptions
+	eng    ColdEngine
+	root   string // "{root}/{cluster}/"
+	cache  *coldCache
+	pinsMu sync.Mutex
+	pins   map[string]int
+	stop   chan struct{}
+	flush  sync.Mutex // one flush pass at a time
+	wg     sync.WaitGroup
+	once   sync.Once
+
+	flushedBytes   atomic.Uint64
+	flushedObjects atomic.Uint64
+	flushErrors    atomic.Uint64
+	backpressure   atomic.Uint64
+	coldReadBytes  atomic.Uint64
+	gcDeleted      atomic.Uint64
+	backoffUntil   atomic.Int64 // unix nanos; flusher sleeps until then after a failure
+}
+
+// EnableCold attaches a cold store to the server and starts the flusher and the
+// collector. The engine must implement ColdEngine.
+func (s *Server) EnableCold(store coldstore.Store, cfg coldstore.Config, opts ColdOptions) error {
+	if store == nil {
+		return nil
+	}
+	ce, ok := s.engine.(ColdEngine)
+	if !ok {
+		return fmt.Errorf("the %s engine does not support the cold tier yet; set storage.cold.backend = \"none\"", s.engine.Stats().Engine)
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	cfg = cfg.WithDefaults()
+	if opts.BackoffMax <= 0 {
+		opts.BackoffMax = 30 * time.Second
+	}
+	root := strings.Trim(cfg.Root, "/")
+	if root != "" {
+		root += "/"
+	}
+	c := &coldTier{store: store, cfg: cfg, opts: opts, eng: ce, root: root + s.cfg.ClusterID + "/",
+		cache: newColdCache(int64(cfg.CacheSize)), pins: map[string]int{}, stop: make(chan struct{})}
+	s.cold = c
+	c.wg.Add(2)
+	go func() { defer c.wg.Done(); s.flushLoop(c) }()
+	go func() { defer c.wg.Done(); c.gcLoop() }()
+	return nil
+}
+
+// StopCold stops the flusher and the collector and waits for them.
+func (s *Server) StopCold() {
+	if c := s.cold; c != nil {
+		c.once.Do(func() { close(c.stop) })
+		c.wg.Wait()
+	}
+}
+
+// ColdStats are the cold tier's counters (admin metrics and tests).
+type ColdStats struct {
+	Backend             string `json:"backend"`
+	FlushedBytes        uint64 `json:"cold_flushed_bytes"`
+	FlushedObjects      uint64 `json:"cold_flushed_objects"`
+	FlushWriteErrors    uint64 `json:"cold_flush_write_errors"`
+	BackpressureEvents  uint64 `json:"cold_backpressure_events"`
+	ColdReadBytes       uint64 `json:"cold_read_bytes"`
+	GCDeletedObjects    uint64 `json:"cold_gc_deleted_objects"`
+	CacheBytes          int64  `json:"cold_cache_bytes"`
+	HotBytes            int64  `json:"cold_hot_bytes"`
+	MaxGroupHotBytes    int64  `json:"cold_max_group_hot_bytes"`
+	MaxHotSizePerGroup  int64  `json:"cold_max_hot_size_per_group"`
+	PinnedObjectsInRead int    `json:"cold_pinned_objects"`
+}
+
+// ColdStats reports the cold tier's counters (zero when there is none).
+func (s *Server) ColdStats() ColdStats {
+	c := s.cold
+	if c == nil {
+		return ColdStats{Backend: "none"}
+	}
+	st := ColdStats{Backend: c.store.Name(), FlushedBytes: c.flushedBytes.Load(), FlushedObjects: c.flushedObjects.Load(),
+		FlushWriteErrors: c.flushErrors.Load(), BackpressureEvents: c.backpressure.Load(), ColdReadBytes: c.coldReadBytes.Load(),
+		GCDeletedObjects: c.gcDeleted.Load(), CacheBytes: c.cache.size(), MaxHotSizePerGroup: c.cfg.HotCap()}
+	for _, g := range c.eng.ColdGroups() {
+		h := c.eng.GroupHotBytes(g)
+		st.HotBytes += h
+		st.MaxGroupHotBytes = max(st.MaxGroupHotBytes, h)
+	}
+	c.pinsMu.Lock()
+	st.PinnedObjectsInRead = len(c.pins)
+	c.pinsMu.Unlock()
+	return st
+}
+
+// streamDir is the key prefix of one stream incarnation's objects.
+func (c *coldTier) streamDir(key string, inc uint64) string {
+	bucket, stream, _ := strings.Cut(key, "/")
+	sum := sha256.Sum256([]byte(key))
+	es := url.PathEscape(stream)
+	if len(es) > 120 {
+		es = es[:120]
+		for strings.HasSuffix(es, "%") || len(es) > 1 && es[len(es)-2] == '%' { // never cut an escape
+			es = es[:len(es)-1]
+		}
+	}
+	return fmt.Sprintf("%s%s/%s-%s/%d/", c.root, url.PathEscape(bucket), hex.EncodeToString(sum[:8]), es, inc)
+}
+
+func (c *coldTier) chunkKey(key string, inc, start, end uint64) string {
+	return fmt.Sprintf("%sc/%020d-%020d", c.streamDir(key, inc), start, end)
+}
+
+func (c *coldTier) snapshotKey(key string, inc, off uint64) string {
+	var r [8]byte
+	rand.Read(r[:])
+	return fmt.Sprintf("%ss/%020d-%s", c.streamDir(key, inc), off, hex.EncodeToString(r[:]))
+}
+
+// pin marks objects as needed by a read in flight; the collector never deletes a pinned
+// object. Every pin is matched by an unpin.
+func (c *coldTier) pin(keys ...string) {
+	c.pinsMu.Lock()
+	for _, k := range keys {
+		c.pins[k]++
+	}
+	c.pinsMu.Unlock()
+}
+
+func (c *coldTier) unpin(keys ...string) {
+	c.pinsMu.Lock()
+	for _, k := range keys {
+		if c.pins[k]--; c.pins[k] <= 0 {
+			delete(c.pins, k)
+		}
+	}
+	c.pinsMu.Unlock()
+}
+
+func (c *coldTier) pinned(key string) bool {
+	c.pinsMu.Lock()
+	defer c.pinsMu.Unlock()
+	return c.pins[key] > 0
+}
+
+// coldAdmit refuses a write with a body while the stream's group holds more hot bytes
+// than storage.cold.max_hot_size_per_group, before anything is proposed (so the answer
+// is marked x-ursula-not-applied: ColdBackpressure). Nodes never send the vouch
+// (x-ursula-not-applied-checked): only a gateway does.
+func (s *Server) coldAdmit(key string, bodyLen int) *streamcore.Error {
+	c := s.cold
+	if c == nil || bodyLen == 0 {
+		return nil
+	}
+	limit := c.cfg.HotCap()
+	if limit <= 0 {
+		return nil
+	}
+	if c.eng.GroupHotBytes(c.eng.GroupOf(key)) < limit {
+		return nil
+	}
+	c.backpressure.Add(1)
+	return streamcore.Errorf(http.StatusServiceUnavailable, CodeColdBackpressure, "the stream's group holds more unflushed bytes than storage.cold.max_hot_size_per_group; retry once the cold flush catches up").
+		With(streamcore.HdrRetryAfter, "1").With(streamcore.HdrNotApplied, "ColdBackpressure")
+}
+
+func coldStoreFailed(err error) *streamcore.Error {
+	return streamcore.Errorf(http.StatusBadGateway, CodeColdStoreFailed, "the cold store failed: %s", shortErr(err))
+}
+
+func shortErr(err error) string {
+	m := err.Error()
+	if len(m) > 200 {
+		m = m[:200]
+	}
+	return m
+}
+
+func coldCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 60*time.Second)
+}

@@ -1,0 +1,285 @@
+package server
+
+import (
+	"bytes"
+	"container/list"
+	"context"
+	"fmt"
+	"io"
+	"runtime"
+	"sync"
+
+	"github.com/ursula-go/ursula/server/coldstore"
+	"github.com/ursula-go/ursula/streamcore"
+)
+
+// coldPlan is the cold part of a read: the bytes [from, to) lie in chunks (taken under
+// the engine's View, pinned until fetched).
+type coldPlan struct {
+	key    string
+	from   uint64
+	to     uint64
+	chunks []streamcore.ColdChunk
+}
+
+// planCold fills v for a read of [v.start, v.end) that begins below the hot buffer: the
+// cold plan plus the hot slices above it. It runs inside View and reports whether it took
+// over (false: the whole window is hot).
+func (s *Server) planCold(v *view, key string, str *streamcore.Stream) bool {
+	c := s.cold
+	base := str.Data.Base()
+	if c == nil || v.start >= base || v.end <= v.start {
+		return false
+	}
+	to := min(v.end, base)
+	p := &coldPlan{key: key, from: v.start, to: to, chunks: append([]streamcore.ColdChunk(nil), str.ColdChunksFor(v.start, to)...)}
+	for _, ch := range p.chunks {
+		c.pin(ch.Key)
+	}
+	v.cold = p
+	v.data = nil
+	if v.end > base {
+		v.data = str.Data.Slices(base, v.end)
+		v.pin = str.Data.Pin()
+	}
+	return true
+}
+
+// fetchCold reads the planned cold bytes (outside any lock) and puts them in front of
+// v.data. A compat JSON read is then cut back to whole messages.
+func (s *Server) fetchCold(v *view) *streamcore.Error {
+	p := v.cold
+	c := s.cold
+	defer c.unpinPlan(p)
+	ctx, cancel := coldCtx()
+	defer cancel()
+	cold, err := c.readChunks(ctx, p.chunks, p.from, p.to)
+	if err != nil {
+		return coldStoreFailed(err)
+	}
+	v.data = append([][]byte{cold}, v.data...)
+	if v.jsonArray && v.end < v.tail {
+		flat := flatten(v.data)
+		if i := bytes.LastIndexByte(flat, '\n'); i >= 0 {
+			v.data, v.end = [][]byte{flat[:i+1]}, v.start+uint64(i+1)
+		} else {
+			// One message longer than the window: read on to its end.
+			more, e := s.readTiered(p.key, v.inc, v.end, min(v.tail, v.start+streamcore.MaxRequestBytes))
+			if e != nil {
+				return e
+			}
+			if i := bytes.IndexByte(more, '\n'); i >= 0 {
+				more = more[:i+1]
+			}
+			v.data, v.end = [][]byte{flat, more}, v.end+uint64(len(more))
+		}
+	}
+	return nil
+}
+
+// readChunks returns the stream bytes [from, to) held by chunks.
+func (c *coldTier) readChunks(ctx context.Context, chunks []streamcore.ColdChunk, from, to uint64) ([]byte, error) {
+	out := make([]byte, 0, to-from)
+	pos := from
+	for _, ch := range chunks {
+		if pos >= to {
+			break
+		}
+		if ch.Start > pos || ch.End <= pos {
+			return nil, fmt.Errorf("cold chunks do not cover offset %d", pos)
+		}
+		end := min(to, ch.End)
+		b, err := c.readObject(ctx, ch.Key, int64(ch.End-ch.Start), int64(pos-ch.Start), int64(end-pos))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b...)
+		pos = end
+	}
+	if pos < to {
+		return nil, fmt.Errorf("cold chunks end at %d, before %d", pos, to)
+	}
+	c.coldReadBytes.Add(to - from)
+	return out, nil
+}
+
+// readTiered reads the bytes [from, to) of incarnation inc of the stream at key from
+// whichever tiers hold them.
+func (s *Server) readTiered(key string, inc, from, to uint64) ([]byte, *streamcore.Error) {
+	var hot [][]byte
+	var pin any
+	var p *coldPlan
+	var e *streamcore.Error
+	s.engine.View(key, s.now(), func(st *streamcore.State, str *streamcore.Stream) {
+		if str == nil || str.Incarnation != inc || from < str.Retained || to > str.Tail() {
+			e = streamcore.Errorf(409, streamcore.CodeStreamGone, "stream changed during the read")
+			return
+		}
+		v := &view{start: from, end: to}
+		if !s.planCold(v, key, str) {
+			hot, pin = str.Data.Slices(from, to), str.Data.Pin()
+			return
+		}
+		hot, pin, p = v.data, v.pin, v.cold
+	})
+	if e != nil {
+		return nil, e
+	}
+	out := make([]byte, 0, to-from)
+	if p != nil {
+		c := s.cold
+		ctx, cancel := coldCtx()
+		cold, err := c.readChunks(ctx, p.chunks, p.from, p.to)
+		cancel()
+		c.unpinPlan(p)
+		if err != nil {
+			return nil, coldStoreFailed(err)
+		}
+		out = append(out, cold...)
+	}
+	for _, h := range hot {
+		out = append(out, h...)
+	}
+	runtime.KeepAlive(pin)
+	return out, nil
+}
+
+// coldBoundary reports whether off, below the hot buffer of a JSON stream, is a message
+// boundary, by reading the byte before it from the cold tier. The answer goes into the
+// command (BoundaryChecked), since apply cannot read the store.
+func (s *Server) coldBoundary(key string, off uint64) bool {
+	if s.cold == nil || off == 0 {
+		return false
+	}
+	var inc uint64
+	need := false
+	s.engine.View(key, s.now(), func(_ *streamcore.State, str *streamcore.Stream) {
+		if str != nil && str.IsJSON() && off > str.Retained && off <= str.Data.Base() && off <= str.Tail() {
+			inc, need = str.Incarnation, true
+		}
+	})
+	if !need {
+		return false
+	}
+	b, e := s.readTiered(key, inc, off-1, off)
+	return e == nil && len(b) == 1 && b[0] == '\n'
+}
+
+// coldBlock is the granule of the cold read cache.
+const coldBlock = 1 << 20
+
+type blockID struct {
+	key string
+	idx int64
+}
+
+type cacheEntry struct {
+	id   blockID
+	data []byte
+}
+
+// coldCache is an LRU of recently read blocks of cold objects (objects never change).
+type coldCache struct {
+	mu   sync.Mutex
+	cap  int64
+	used int64
+	ll   *list.List
+	m    map[blockID]*list.Element
+}
+
+func newColdCache(capacity int64) *coldCache {
+	return &coldCache{cap: capacity, ll: list.New(), m: map[blockID]*list.Element{}}
+}
+
+func (cc *coldCache) size() int64 {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return cc.used
+}
+
+func (cc *coldCache) get(id blockID) []byte {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if el := cc.m[id]; el != nil {
+		cc.ll.MoveToFront(el)
+		return el.Value.(*cacheEntry).data
+	}
+	return nil
+}
+
+func (cc *coldCache) put(id blockID, data []byte) {
+	if int64(len(data)) > cc.cap {
+		return
+	}
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if el := cc.m[id]; el != nil {
+		cc.ll.MoveToFront(el)
+		return
+	}
+	cc.m[id] = cc.ll.PushFront(&cacheEntry{id: id, data: data})
+	cc.used += int64(len(data))
+	for cc.used > cc.cap {
+		el := cc.ll.Back()
+		ent := el.Value.(*cacheEntry)
+		cc.ll.Remove(el)
+		delete(cc.m, ent.id)
+		cc.used -= int64(len(ent.data))
+	}
+}
+
+// readObject returns the bytes [off, off+n) of an object of size objSize, through the
+// cache: missing blocks are fetched with one range GET per contiguous run.
+func (c *coldTier) readObject(ctx context.Context, key string, objSize, off, n int64) ([]byte, error) {
+	if n <= 0 {
+		return nil, nil
+	}
+	b0, b1 := off/coldBlock, (off+n-1)/coldBlock
+	blocks := make([][]byte, b1-b0+1)
+	for i := b0; i <= b1; {
+		if blocks[i-b0] = c.cache.get(blockID{key, i}); blocks[i-b0] != nil {
+			i++
+			continue
+		}
+		j := i
+		for j+1 <= b1 && c.cache.get(blockID{key, j + 1}) == nil {
+			j++
+		}
+		lo, hi := i*coldBlock, min((j+1)*coldBlock, objSize)
+		data, err := coldstore.ReadAll(ctx, c.store, key, lo, hi-lo)
+		if err != nil {
+			return nil, err
+		}
+		if int64(len(data)) != hi-lo {
+			return nil, fmt.Errorf("cold object %s is shorter than recorded (%d bytes at %d, want %d)", key, len(data), lo, hi-lo)
+		}
+		for k := i; k <= j; k++ {
+			blk := data[(k-i)*coldBlock : min((k-i+1)*coldBlock, int64(len(data)))]
+			blk = blk[:len(blk):len(blk)]
+			blocks[k-b0] = blk
+			c.cache.put(blockID{key, k}, blk)
+		}
+		i = j + 1
+	}
+	out := make([]byte, 0, n)
+	for i, blk := range blocks {
+		start := (b0 + int64(i)) * coldBlock
+		lo := max(off-start, 0)
+		hi := min(off+n-start, int64(len(blk)))
+		if lo < hi {
+			out = append(out, blk[lo:hi]...)
+		}
+	}
+	return out, nil
+}
+
+// openSnapshotBody opens the bytes [off, off+n) of a cold snapshot body (n < 0: to the end).
+func (c *coldTier) openSnapshotBody(ctx context.Context, sn *streamcore.Snapshot, off, n int64) (io.ReadCloser, error) {
+	return c.store.GetRange(ctx, sn.ColdKey, off, n)
+}
+
+func (c *coldTier) unpinPlan(p *coldPlan) {
+	for _, ch := range p.chunks {
+		c.unpin(ch.Key)
+	}
+}

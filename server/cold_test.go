@@ -1,0 +1,539 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ursula-go/ursula/server/coldstore"
+	"github.com/ursula-go/ursula/server/coldstore/s3test"
+	"github.com/ursula-go/ursula/streamcore"
+)
+
+// Cold-tier tests through the real HTTP server. The s3 variants run against versitygw
+// (test/s3/install.sh); the fs variants against a temporary directory.
+
+type coldEnv struct {
+	t     *testing.T
+	srv   *Server
+	ts    *httptest.Server
+	store coldstore.Store
+	gw    *s3test.Gateway
+}
+
+type coldSetup struct {
+	flushSize, hotCap int64
+	grace             time.Duration
+	cacheSize         int64
+}
+
+func newColdEnv(t *testing.T, backend string, cs coldSetup) *coldEnv {
+	t.Helper()
+	env := &coldEnv{t: t}
+	var err error
+	switch backend {
+	case "fs":
+		env.store, err = coldstore.NewFS(t.TempDir())
+	case "s3":
+		env.gw = s3test.Start(t)
+		env.store, err = coldstore.NewS3(context.Background(), env.gw.Config("cold-test"))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := NewMemoryEngine(0)
+	env.srv = New(eng, Config{ClusterID: "cold-cluster"})
+	hot := coldstore.Size(cs.hotCap)
+	cfg := coldstore.Config{Backend: backend, Dir: "unused", Root: "root", FlushInterval: coldstore.Duration(20 * time.Millisecond),
+		FlushSize: coldstore.Size(cs.flushSize), FlushMaxConcurrency: 4, MaxHotSizePerGroup: &hot, CacheSize: coldstore.Size(cs.cacheSize),
+		GCInterval: coldstore.Duration(50 * time.Millisecond), GCGrace: coldstore.Duration(cs.grace)}
+	if backend == "s3" {
+		cfg.S3 = env.gw.Config("cold-test")
+	}
+	if cs.grace == 0 {
+		cfg.GCGrace = coldstore.Duration(time.Hour)
+	}
+	if err := env.srv.EnableCold(env.store, cfg, ColdOptions{BackoffMax: 300 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	env.ts = httptest.NewServer(env.srv)
+	t.Cleanup(func() { env.ts.Close(); env.srv.StopCold(); eng.Close() })
+	return env
+}
+
+func (env *coldEnv) url(path string) string { return env.ts.URL + path }
+
+// patternTable is 1 MiB of pseudo-random bytes; the stream byte at i is
+// patternTable[(i + 7919*(i>>20)) mod 1 MiB]: every MiB is a different rotation, and
+// building a range is a couple of copies (cheap under -race).
+var patternTable = func() []byte {
+	b := make([]byte, 1<<20)
+	r := rand.New(rand.NewPCG(42, 42))
+	for i := 0; i < len(b); i += 8 {
+		binary.LittleEndian.PutUint64(b[i:], r.Uint64())
+	}
+	return b
+}()
+
+// pattern returns the deterministic stream bytes [off, off+n).
+func pattern(off, n uint64) []byte {
+	const mask = 1<<20 - 1
+	out := make([]byte, 0, n)
+	for pos := off; pos < off+n; {
+		seg := pos >> 20
+		segEnd := min((seg+1)<<20, off+n)
+		idx := (pos + 7919*seg) & mask
+		for pos < segEnd {
+			k := copy(out[len(out):cap(out)][:min(segEnd-pos, uint64(len(patternTable))-idx)], patternTable[idx:])
+			out = out[:len(out)+k]
+			pos += uint64(k)
+			idx = 0
+		}
+	}
+	return out
+}
+
+func coldDo(t *testing.T, method, url string, body []byte, hdr ...string) (*http.Response, []byte) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res, b
+}
+
+// appendAll appends the pattern [from, to) in pieces of piece bytes, retrying on
+// ColdBackpressure; it returns how many 503s it saw.
+func (env *coldEnv) appendAll(path string, from, to, piece uint64) int {
+	t := env.t
+	refusals := 0
+	for off := from; off < to; {
+		n := min(piece, to-off)
+		res, body := coldDo(t, "POST", env.url(path), pattern(off, n), "Content-Type", "application/octet-stream")
+		switch res.StatusCode {
+		case http.StatusNoContent:
+			off += n
+		case http.StatusServiceUnavailable:
+			if res.Header.Get("X-Ursula-Not-Applied") != "ColdBackpressure" || res.Header.Get("Retry-After") != "1" ||
+				!strings.Contains(string(body), CodeColdBackpressure) || res.Header.Get("X-Ursula-Not-Applied-Checked") != "" {
+				t.Fatalf("503 without the ColdBackpressure marking: %v %s", res.Header, body)
+			}
+			refusals++
+			time.Sleep(5 * time.Millisecond)
+		default:
+			t.Fatalf("append at %d: %d %s", off, res.StatusCode, body)
+		}
+	}
+	return refusals
+}
+
+// readFrom reads the stream from off to tail with catch-up GETs and checks every byte.
+func (env *coldEnv) readFrom(path string, off string, want uint64, tail uint64) {
+	t := env.t
+	pos := want
+	for first := true; ; first = false {
+		o := off
+		if !first {
+			o = streamcore.FormatOffset(pos)
+		}
+		res, body := coldDo(t, "GET", env.url(path+"?offset="+o), nil)
+		if res.StatusCode != http.StatusOK {
+			t.Fatalf("read at %d: %d %s", pos, res.StatusCode, body)
+		}
+		if !bytes.Equal(body, pattern(pos, uint64(len(body)))) {
+			t.Fatalf("read at %d: %d bytes differ from what was written", pos, len(body))
+		}
+		next, _ := streamcore.ParseOffset(res.Header.Get(streamcore.HdrStreamNextOff))
+		if next != pos+uint64(len(body)) {
+			t.Fatalf("read at %d: next offset %d after %d bytes", pos, next, len(body))
+		}
+		pos = next
+		if res.Header.Get(streamcore.HdrStreamUpToDate) == "true" {
+			break
+		}
+	}
+	if pos != tail {
+		t.Fatalf("read ended at %d, tail %d", pos, tail)
+	}
+}
+
+func (env *coldEnv) create(path, ct string) {
+	res, body := coldDo(env.t, "PUT", env.url(path), nil, "Content-Type", ct)
+	if res.StatusCode != http.StatusCreated {
+		env.t.Fatalf("create: %d %s", res.StatusCode, body)
+	}
+}
+
+func (env *coldEnv) objects(sub string) []string {
+	var keys []string
+	env.store.List(context.Background(), "root/cold-cluster/", func(o coldstore.ObjectInfo) bool {
+		if strings.Contains(o.Key, sub) {
+			keys = append(keys, o.Key)
+		}
+		return true
+	})
+	return keys
+}
+
+func (env *coldEnv) hotStart(key string) uint64 {
+	var base uint64
+	env.srv.engine.View(key, env.srv.now(), func(_ *streamcore.State, s *streamcore.Stream) {
+		if s != nil {
+			base = s.Data.Base()
+		}
+	})
+	return base
+}
+
+func backends() []string { return []string{"fs", "s3"} }
+
+// TestColdReadsSpanTiers: catch-up from -1 and from random offsets, small windows,
+// long-poll, SSE and immutable chunk reads all return the written bytes across tiers.
+func TestColdReadsSpanTiers(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b, func(t *testing.T) {
+			env := newColdEnv(t, b, coldSetup{flushSize: 256 << 10, hotCap: 4 << 20, cacheSize: 1 << 20})
+			env.create("/bkt1/bin", "application/octet-stream")
+			const total = 3<<20 + 12345
+			env.appendAll("/bkt1/bin", 0, total, 100_000)
+			if err := env.srv.FlushCold(false); err != nil {
+				t.Fatal(err)
+			}
+			if hs := env.hotStart("bkt1/bin"); hs < 2<<20 {
+				t.Fatalf("hot start %d after a flush", hs)
+			}
+			env.readFrom("/bkt1/bin", "-1", 0, total)
+			rng := rand.New(rand.NewPCG(1, 2))
+			for i := 0; i < 20; i++ {
+				off := rng.Uint64N(total)
+				n := 1 + rng.Uint64N(700_000)
+				res, body := coldDo(t, "GET", env.url(fmt.Sprintf("/bkt1/bin?offset=%s&max_bytes=%d", streamcore.FormatOffset(off), n)), nil)
+				if res.StatusCode != 200 || !bytes.Equal(body, pattern(off, min(n, total-off))) {
+					t.Fatalf("read %d+%d: %d, %d bytes, mismatch", off, n, res.StatusCode, len(body))
+				}
+			}
+			// Long-poll from a cold offset answers at once with cold bytes.
+			res, body := coldDo(t, "GET", env.url("/bkt1/bin?offset="+streamcore.FormatOffset(1000)+"&live=long-poll&max_bytes=5000"), nil)
+			if res.StatusCode != 200 || !bytes.Equal(body, pattern(1000, 5000)) {
+				t.Fatalf("long-poll: %d %d", res.StatusCode, len(body))
+			}
+			// Immutable chunk resource of a cold chunk.
+			inc := res.Header.Get(streamcore.HdrIncarnation)
+			res, body = coldDo(t, "GET", env.url("/bkt1/bin/incarnation/"+inc+"/chunk/"+streamcore.FormatOffset(0)), nil)
+			if res.StatusCode != 200 || !bytes.Equal(body, pattern(0, streamcore.ChunkGrid)[:len(body)]) || len(body) != min(total, streamcore.ChunkGrid) {
+				t.Fatalf("immutable chunk: %d %d", res.StatusCode, len(body))
+			}
+
+			// A JSON stream: SSE catch-up and compat-style whole messages across tiers.
+			env.create("/bkt1/json", "application/json")
+			var all bytes.Buffer
+			for i := 0; i < 3000; i++ {
+				msg := fmt.Sprintf(`{"i":%d,"pad":"%s"}`, i, strings.Repeat("x", i%97))
+				all.WriteString(msg + "\n")
+				res, body := coldDo(t, "POST", env.url("/bkt1/json"), []byte(msg), "Content-Type", "application/json")
+				if res.StatusCode != 204 {
+					t.Fatalf("json append: %d %s", res.StatusCode, body)
+				}
+			}
+			if err := env.srv.FlushCold(true); err != nil {
+				t.Fatal(err)
+			}
+			if env.hotStart("bkt1/json") != uint64(all.Len()) {
+				t.Fatalf("json stream not fully flushed: hot start %d of %d", env.hotStart("bkt1/json"), all.Len())
+			}
+			res, body = coldDo(t, "GET", env.url("/bkt1/json?offset=-1"), nil)
+			if res.StatusCode != 200 || !bytes.Equal(body, all.Bytes()) {
+				t.Fatalf("json catch-up: %d, %d bytes of %d", res.StatusCode, len(body), all.Len())
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, "GET", env.url("/bkt1/json?offset=-1&live=sse&max_bytes=10000"), nil)
+			sres, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got bytes.Buffer
+			events := streamcore.NewSSEReader(sres.Body)
+			for got.Len() < all.Len() {
+				ev, err := events.Next()
+				if err != nil {
+					t.Fatalf("sse: %v after %d bytes", err, got.Len())
+				}
+				if ev.Type == "data" {
+					got.Write(ev.Data)
+				}
+			}
+			sres.Body.Close()
+			if !bytes.Equal(got.Bytes(), all.Bytes()) {
+				t.Fatalf("sse catch-up differs")
+			}
+			// Snapshot + retention at a cold offset need the cold boundary check.
+			boundary := uint64(bytes.Index(all.Bytes(), []byte(`{"i":1000,`)))
+			res, body = coldDo(t, "PUT", env.url("/bkt1/json/snapshot/"+streamcore.FormatOffset(boundary)), []byte(`{"state":1}`), "Content-Type", "application/json")
+			if res.StatusCode != 204 {
+				t.Fatalf("snapshot at a cold boundary: %d %s", res.StatusCode, body)
+			}
+			res, body = coldDo(t, "PUT", env.url("/bkt1/json/snapshot/"+streamcore.FormatOffset(boundary+1)), []byte(`{"state":1}`), "Content-Type", "application/json")
+			if res.StatusCode != 400 {
+				t.Fatalf("snapshot inside a cold message: %d %s", res.StatusCode, body)
+			}
+			res, body = coldDo(t, "PUT", env.url("/bkt1/json/retention/"+streamcore.FormatOffset(boundary)), nil)
+			if res.StatusCode != 204 {
+				t.Fatalf("retention at a cold boundary: %d %s", res.StatusCode, body)
+			}
+			res, body = coldDo(t, "GET", env.url("/bkt1/json?offset="+streamcore.FormatOffset(boundary)), nil)
+			if res.StatusCode != 200 || !bytes.Equal(body, all.Bytes()[boundary:]) {
+				t.Fatalf("read from the retained offset: %d", res.StatusCode)
+			}
+		})
+	}
+}
+
+// coldLargeBytes is the size of the large-stream test: 256 MiB, or 48 MiB under -short
+// or -race.
+func coldLargeBytes() uint64 {
+	if testing.Short() || raceEnabled {
+		return 48 << 20
+	}
+	return 256 << 20
+}
+
+// TestColdS3LargeStream writes a stream of a few hundred MB through the HTTP server while
+// the flusher moves it to versitygw, then reads it back byte-identical from offset -1 and
+// from random offsets.
+func TestColdS3LargeStream(t *testing.T) {
+	env := newColdEnv(t, "s3", coldSetup{flushSize: 8 << 20, hotCap: 64 << 20, cacheSize: 32 << 20})
+	env.create("/bkt1/big", "application/octet-stream")
+	total := coldLargeBytes()
+	start := time.Now()
+	refusals := env.appendAll("/bkt1/big", 0, total, 4<<20)
+	wrote := time.Since(start)
+	st := env.srv.ColdStats()
+	if st.MaxGroupHotBytes > 64<<20+4<<20 {
+		t.Fatalf("group hot bytes %d went past the cap", st.MaxGroupHotBytes)
+	}
+	if env.hotStart("bkt1/big") < total-64<<20-8<<20 {
+		t.Fatalf("flusher fell behind: hot start %d of %d", env.hotStart("bkt1/big"), total)
+	}
+	start = time.Now()
+	env.readFrom("/bkt1/big", "-1", 0, total)
+	read := time.Since(start)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := 0; i < 25; i++ {
+		off := rng.Uint64N(total)
+		res, body := coldDo(t, "GET", env.url("/bkt1/big?offset="+streamcore.FormatOffset(off)), nil)
+		if res.StatusCode != 200 || !bytes.Equal(body, pattern(off, uint64(len(body)))) || len(body) == 0 {
+			t.Fatalf("read at %d: %d, %d bytes, mismatch", off, res.StatusCode, len(body))
+		}
+	}
+	t.Logf("%d MiB: append %.0f MB/s (%d backpressure refusals), catch-up read %.0f MB/s; %d objects flushed",
+		total>>20, float64(total)/wrote.Seconds()/1e6, refusals, float64(total)/read.Seconds()/1e6, env.srv.ColdStats().FlushedObjects)
+}
+
+// TestColdS3Outage: with the store down, appends continue until the per-group hot cap,
+// then answer 503 ColdBackpressure; when the store returns, the flusher recovers and
+// nothing is lost.
+func TestColdS3Outage(t *testing.T) {
+	env := newColdEnv(t, "s3", coldSetup{flushSize: 256 << 10, hotCap: 2 << 20, cacheSize: 1 << 20})
+	env.create("/bkt1/out", "application/octet-stream")
+	env.appendAll("/bkt1/out", 0, 1<<20, 64<<10)
+	if err := env.srv.FlushCold(true); err != nil {
+		t.Fatal(err)
+	}
+	env.gw.Stop()
+	// Append until refused.
+	off := uint64(1 << 20)
+	refused := false
+	for i := 0; i < 200 && !refused; i++ {
+		res, body := coldDo(t, "POST", env.url("/bkt1/out"), pattern(off, 64<<10), "Content-Type", "application/octet-stream")
+		switch res.StatusCode {
+		case 204:
+			off += 64 << 10
+		case 503:
+			if res.Header.Get("X-Ursula-Not-Applied") != "ColdBackpressure" || res.Header.Get("Retry-After") != "1" {
+				t.Fatalf("503 without marking: %v %s", res.Header, body)
+			}
+			refused = true
+		default:
+			t.Fatalf("append: %d %s", res.StatusCode, body)
+		}
+	}
+	if !refused {
+		t.Fatal("appends were never refused while the store was down")
+	}
+	if off-(1<<20) < 2<<20-64<<10 {
+		t.Fatalf("refused after only %d bytes; the cap is 2 MiB", off-(1<<20))
+	}
+	if env.srv.ColdStats().FlushWriteErrors == 0 {
+		t.Fatal("no flush write error was counted while the store was down")
+	}
+	// Reads of the hot tail still work; reads of cold bytes fail with 502.
+	res, _ := coldDo(t, "GET", env.url("/bkt1/out?offset="+streamcore.FormatOffset(off-10)), nil)
+	if res.StatusCode != 200 {
+		t.Fatalf("hot read during the outage: %d", res.StatusCode)
+	}
+	env.srv.cold.cache = newColdCache(1 << 20) // forget cached cold blocks
+	res, body := coldDo(t, "GET", env.url("/bkt1/out?offset=-1"), nil)
+	if res.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), CodeColdStoreFailed) {
+		t.Fatalf("cold read during the outage: %d %s", res.StatusCode, body)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if err := env.gw.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	// Writes pass again once the flush catches up (retry as a client would).
+	final := off + 3<<20
+	env.appendAll("/bkt1/out", off, final, 64<<10)
+	env.readFrom("/bkt1/out", "-1", 0, final)
+	if env.hotStart("bkt1/out") == 0 {
+		t.Fatal("nothing was flushed after the store came back")
+	}
+}
+
+// TestColdRetentionGC: retention makes the chunks below it and superseded snapshot bodies
+// collectable; they are deleted after the grace period, the rest stays readable.
+func TestColdRetentionGC(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b, func(t *testing.T) {
+			env := newColdEnv(t, b, coldSetup{flushSize: 64 << 10, hotCap: 4 << 20, grace: 400 * time.Millisecond})
+			env.create("/bkt1/gc", "application/octet-stream")
+			env.appendAll("/bkt1/gc", 0, 1<<20, 64<<10)
+			if err := env.srv.FlushCold(true); err != nil {
+				t.Fatal(err)
+			}
+			chunks := env.objects("/c/")
+			if len(chunks) != 16 {
+				t.Fatalf("%d chunks, want 16: %v", len(chunks), chunks)
+			}
+			snap1 := pattern(7, 2<<20) // >= 1 MiB: stored as an object
+			res, body := coldDo(t, "PUT", env.url("/bkt1/gc/snapshot/"+streamcore.FormatOffset(256<<10)), snap1, "Content-Type", "application/octet-stream")
+			if res.StatusCode != 204 {
+				t.Fatalf("snapshot: %d %s", res.StatusCode, body)
+			}
+			snap2 := pattern(9, 1<<20)
+			res, body = coldDo(t, "PUT", env.url("/bkt1/gc/snapshot/"+streamcore.FormatOffset(512<<10)), snap2, "Content-Type", "application/octet-stream")
+			if res.StatusCode != 204 {
+				t.Fatalf("snapshot 2: %d %s", res.StatusCode, body)
+			}
+			res, body = coldDo(t, "PUT", env.url("/bkt1/gc/retention/"+streamcore.FormatOffset(512<<10)), nil)
+			if res.StatusCode != 204 {
+				t.Fatalf("retention: %d %s", res.StatusCode, body)
+			}
+			// Hold a read of a doomed chunk in flight: pinned objects survive the grace.
+			doomed := chunks[0]
+			env.srv.cold.pin(doomed)
+			deadline := time.Now().Add(60 * time.Second)
+			for {
+				if len(env.objects("/c/")) == 9 && len(env.objects("/s/")) == 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("after the grace: chunks %v snapshots %v", env.objects("/c/"), env.objects("/s/"))
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if _, err := env.store.Head(context.Background(), doomed); err != nil {
+				t.Fatalf("a pinned chunk was deleted: %v", err)
+			}
+			env.srv.cold.unpin(doomed)
+			for len(env.objects("/c/")) != 8 {
+				if time.Now().After(deadline) {
+					t.Fatalf("unpinned chunk stays: %v", env.objects("/c/"))
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			env.readFrom("/bkt1/gc", streamcore.FormatOffset(512<<10), 512<<10, 1<<20)
+			res, body = coldDo(t, "GET", env.url("/bkt1/gc/snapshot/"+streamcore.FormatOffset(512<<10)), nil)
+			if res.StatusCode != 200 || !bytes.Equal(body, snap2) {
+				t.Fatalf("latest snapshot after GC: %d, %d bytes", res.StatusCode, len(body))
+			}
+			// Deleting the stream makes everything collectable.
+			res, _ = coldDo(t, "DELETE", env.url("/bkt1/gc"), nil)
+			if res.StatusCode != 204 {
+				t.Fatalf("delete: %d", res.StatusCode)
+			}
+			for len(env.objects("")) != 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("objects of a deleted stream stay: %v", env.objects(""))
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		})
+	}
+}
+
+// TestColdSnapshotBootstrap: a snapshot body of at least 1 MiB is stored as an object;
+// snapshot reads (whole and ranged) and bootstrap return it byte-identical, and the
+// bootstrap updates come from both tiers.
+func TestColdSnapshotBootstrap(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b, func(t *testing.T) {
+			env := newColdEnv(t, b, coldSetup{flushSize: 64 << 10, hotCap: 4 << 20})
+			env.create("/bkt1/snap", "application/octet-stream")
+			env.appendAll("/bkt1/snap", 0, 600<<10, 50<<10)
+			snap := pattern(12345, 3<<20+17)
+			res, body := coldDo(t, "PUT", env.url("/bkt1/snap/snapshot/"+streamcore.FormatOffset(100<<10)), snap, "Content-Type", "application/x-sqlite3")
+			if res.StatusCode != 204 {
+				t.Fatalf("snapshot: %d %s", res.StatusCode, body)
+			}
+			if keys := env.objects("/s/"); len(keys) != 1 {
+				t.Fatalf("snapshot objects: %v", keys)
+			}
+			// Repeating the publish stores nothing new.
+			res, _ = coldDo(t, "PUT", env.url("/bkt1/snap/snapshot/"+streamcore.FormatOffset(100<<10)), snap, "Content-Type", "application/x-sqlite3")
+			if res.StatusCode != 204 || len(env.objects("/s/")) != 1 {
+				t.Fatalf("repeat publish: %d, objects %v", res.StatusCode, env.objects("/s/"))
+			}
+			if err := env.srv.FlushCold(true); err != nil {
+				t.Fatal(err)
+			}
+			env.appendAll("/bkt1/snap", 600<<10, 700<<10, 50<<10) // a hot tail after the cold part
+			res, body = coldDo(t, "GET", env.url("/bkt1/snap/snapshot/"+streamcore.FormatOffset(100<<10)), nil)
+			if res.StatusCode != 200 || !bytes.Equal(body, snap) || res.Header.Get("Content-Type") != "application/x-sqlite3" {
+				t.Fatalf("snapshot read: %d, %d bytes", res.StatusCode, len(body))
+			}
+			res, body = coldDo(t, "GET", env.url("/bkt1/snap/snapshot/"+streamcore.FormatOffset(100<<10)), nil, "Range", "bytes=1000-2999")
+			if res.StatusCode != 206 || !bytes.Equal(body, snap[1000:3000]) {
+				t.Fatalf("ranged snapshot read: %d, %d bytes", res.StatusCode, len(body))
+			}
+			res, body = coldDo(t, "GET", env.url("/bkt1/snap/bootstrap"), nil)
+			if res.StatusCode != 200 {
+				t.Fatalf("bootstrap: %d %s", res.StatusCode, body)
+			}
+			parts, err := streamcore.ReadMultipart(res.Header.Get("Content-Type"), bytes.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(parts) != 2 || !bytes.Equal(parts[0].Body, snap) || !bytes.Equal(parts[1].Body, pattern(100<<10, 600<<10)) {
+				t.Fatalf("bootstrap parts: %d", len(parts))
+			}
+			if res.Header.Get(streamcore.HdrStreamUpToDate) != "true" {
+				t.Fatalf("bootstrap not up to date: %v", res.Header)
+			}
+		})
+	}
+}

@@ -1,0 +1,248 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"io"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/ursula-go/ursula/streamcore"
+)
+
+// The flusher: every storage.cold.flush_interval it looks at each group; a group whose hot
+// bytes reach storage.cold.flush_size gets its streams' oldest hot bytes uploaded as chunk
+// objects of at most flush_size (full pieces first; partial tails only while the group
+// stays over the threshold), at most flush_max_concurrency uploads at once. Each uploaded
+// piece is then recorded with OpRecordChunk, in offset order per stream. Uploads read
+// immutable slices of the hot buffer, so appends never wait for them. A failed upload
+// backs the flusher off, doubling from flush_interval up to ColdOptions.BackoffMax.
+//
+// Not done yet (marked for later): packing the small tails of many streams into one
+// object, flush_max_hot_age, compaction.
+
+func (s *Server) flushLoop(c *coldTier) {
+	interval := c.cfg.FlushInterval.D()
+	backoff := time.Duration(0)
+	t := time.NewTimer(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		}
+		err := s.flushOnce(c, false)
+		next := interval
+		if err != nil {
+			if backoff == 0 {
+				backoff = interval
+			} else {
+				backoff = min(2*backoff, c.opts.BackoffMax)
+			}
+			next = backoff
+			s.cfg.Logger.Warn("cold flush failed; backing off", "err", err, "retry_in", backoff)
+		} else {
+			backoff = 0
+		}
+		t.Reset(next)
+	}
+}
+
+// flushPiece is one planned chunk.
+type flushPiece struct {
+	hs         HotStream
+	start, end uint64
+	key        string
+	err        error
+}
+
+// FlushCold runs one flush pass now. With all set, every hot byte of every group is
+// flushed regardless of thresholds (tests, and the admin flush). It returns the first
+// upload or record error.
+func (s *Server) FlushCold(all bool) error {
+	if s.cold == nil {
+		return errors.New("no cold store configured")
+	}
+	return s.flushOnce(s.cold, all)
+}
+
+func (s *Server) flushOnce(c *coldTier, all bool) error {
+	c.flush.Lock()
+	defer c.flush.Unlock()
+	size := uint64(c.cfg.FlushSize)
+	var plan [][]*flushPiece // per stream, in offset order
+	for _, g := range c.eng.ColdGroups() {
+		hot := uint64(max(c.eng.GroupHotBytes(g), 0))
+		if hot == 0 || !all && hot < size {
+			continue
+		}
+		streams := c.eng.HotStreams(g)
+		left := hot
+		var rest []HotStream
+		for _, hs := range streams {
+			var ps []*flushPiece
+			from := hs.HotStart
+			for from+size <= hs.Tail {
+				ps = append(ps, &flushPiece{hs: hs, start: from, end: from + size})
+				from += size
+				left -= size
+			}
+			if from < hs.Tail {
+				rest = append(rest, HotStream{Key: hs.Key, Incarnation: hs.Incarnation, HotStart: from, Tail: hs.Tail})
+			}
+			if len(ps) > 0 {
+				plan = append(plan, ps)
+			}
+		}
+		for _, hs := range rest { // partial tails, biggest first, while still over
+			if !all && left < size/2 {
+				break
+			}
+			p := &flushPiece{hs: hs, start: hs.HotStart, end: hs.Tail}
+			left -= p.end - p.start
+			attached := false
+			for i, ps := range plan {
+				if ps[0].hs.Key == hs.Key {
+					plan[i] = append(ps, p)
+					attached = true
+				}
+			}
+			if !attached {
+				plan = append(plan, []*flushPiece{p})
+			}
+		}
+	}
+	if len(plan) == 0 {
+		return nil
+	}
+	// Upload everything with bounded concurrency.
+	sem := make(chan struct{}, max(1, c.cfg.FlushMaxConcurrency))
+	var wg sync.WaitGroup
+	for _, ps := range plan {
+		for _, p := range ps {
+			p.key = c.chunkKey(p.hs.Key, p.hs.Incarnation, p.start, p.end)
+			c.pin(p.key) // unreferenced until recorded: keep the collector away
+			wg.Add(1)
+			sem <- struct{}{}
+			go func(p *flushPiece) {
+				defer func() { <-sem; wg.Done() }()
+				p.err = s.uploadPiece(c, p)
+			}(p)
+		}
+	}
+	wg.Wait()
+	// Record in offset order; a stream stops at its first failed piece.
+	var firstErr error
+	for _, ps := range plan {
+		failed := false
+		for _, p := range ps {
+			if !failed && p.err == nil {
+				p.err = s.recordPiece(c, p)
+			}
+			if p.err != nil {
+				failed = true
+				if firstErr == nil && !errors.Is(p.err, errStreamMoved) {
+					firstErr = p.err
+				}
+			}
+			c.unpin(p.key)
+		}
+	}
+	return firstErr
+}
+
+// errStreamMoved: the stream changed under the flush (deleted, recreated, retained past
+// the piece); the uploaded object is left to the collector.
+var errStreamMoved = errors.New("stream changed during the flush")
+
+func (s *Server) uploadPiece(c *coldTier, p *flushPiece) error {
+	var data [][]byte
+	var pin any
+	ok := false
+	s.engine.View(p.hs.Key, s.now(), func(_ *streamcore.State, str *streamcore.Stream) {
+		if str == nil || str.Incarnation != p.hs.Incarnation || str.Data.Base() > p.start || str.Tail() < p.end {
+			return
+		}
+		data, pin, ok = str.Data.Slices(p.start, p.end), str.Data.Pin(), true
+	})
+	if !ok {
+		return errStreamMoved
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	err := c.store.Put(ctx, p.key, newSlicesReader(data), int64(p.end-p.start))
+	runtime.KeepAlive(pin) // the blocks behind data stay mapped until the upload is done
+	if err != nil {
+		c.flushErrors.Add(1)
+		return err
+	}
+	return nil
+}
+
+func (s *Server) recordPiece(c *coldTier, p *flushPiece) error {
+	res, err := s.engine.Propose(context.Background(), &streamcore.Command{Op: streamcore.OpRecordChunk, Key: p.hs.Key, Now: s.now(),
+		IfIncarnation: p.hs.Incarnation, ChunkKey: p.key, Offset: p.start, ChunkEnd: p.end})
+	if err != nil {
+		return err
+	}
+	if res.Err != nil {
+		return errStreamMoved
+	}
+	c.flushedBytes.Add(p.end - p.start)
+	c.flushedObjects.Add(1)
+	return nil
+}
+
+// slicesReader reads a list of byte slices as one body; it can seek (the S3 signer hashes
+// the payload before sending it).
+type slicesReader struct {
+	parts [][]byte
+	size  int64
+	off   int64
+}
+
+func newSlicesReader(parts [][]byte) *slicesReader {
+	r := &slicesReader{parts: parts}
+	for _, p := range parts {
+		r.size += int64(len(p))
+	}
+	return r
+}
+
+func (r *slicesReader) Read(b []byte) (int, error) {
+	if r.off >= r.size {
+		return 0, io.EOF
+	}
+	n := 0
+	pos := int64(0)
+	for _, p := range r.parts {
+		pl := int64(len(p))
+		if r.off < pos+pl && n < len(b) {
+			k := copy(b[n:], p[r.off-pos:])
+			n += k
+			r.off += int64(k)
+		}
+		pos += pl
+		if n == len(b) {
+			break
+		}
+	}
+	return n, nil
+}
+
+func (r *slicesReader) Seek(offset int64, whence int) (int64, error) {
+	switch whence {
+	case io.SeekStart:
+	case io.SeekCurrent:
+		offset += r.off
+	case io.SeekEnd:
+		offset += r.size
+	}
+	if offset < 0 {
+		return 0, errors.New("slicesReader: negative position")
+	}
+	r.off = offset
+	return offset, nil
+}
