@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -72,6 +73,7 @@ type snapshotter struct {
 	failDBBytes  uint64    // database size at the last failure (P140)
 	pulled       bool      // the outage pull-forward (P141) was used since the last failure
 	maxKnownBody int       // largest body this owner published or installed (P137)
+	verified     []uint64  // snapshot offsets this owner read back or decoded (the latest few)
 
 	mu          sync.Mutex // guards the fields below; Status reads them
 	snapOff     int64      // latest snapshot offset known, -1: none
@@ -146,11 +148,6 @@ func (s *snapshotter) poke() {
 func (s *snapshotter) run(ctx context.Context) {
 	defer close(s.done)
 	defer s.dropShadow()
-	defer func() {
-		if p := recover(); p != nil {
-			s.r.logAt("error", "snapshot_thread_panicked", "message=%q", fmt.Sprint(p))
-		}
-	}()
 	for {
 		if d := time.Until(s.notBefore); d > 0 {
 			t := time.NewTimer(d)
@@ -169,7 +166,7 @@ func (s *snapshotter) run(ctx context.Context) {
 			return
 		}
 		if v := s.r.snapView(); !v.refused && s.due(v) {
-			s.cycle(ctx)
+			s.safeCycle(ctx)
 			continue
 		}
 		select {
@@ -205,11 +202,25 @@ func (s *snapshotter) due(v snapView) bool {
 	return v.tail-uint64(max(s.snapOff, 0)) > s.r.dueBytes(v.dbBytes)
 }
 
+// safeCycle runs a cycle; a panic in it is logged and counted as a failed attempt, and
+// the goroutine goes on (checklist P148).
+func (s *snapshotter) safeCycle(ctx context.Context) {
+	defer func() {
+		if p := recover(); p != nil {
+			s.r.logAt("error", "snapshot_thread_panicked", "message=%q", fmt.Sprint(p))
+			s.dropShadow()
+			s.fail(ctx, fmt.Errorf("snapshot thread panicked: %v", p), 0, 0)
+		}
+	}()
+	s.cycle(ctx)
+}
+
 // cycle makes one attempt: build, publish, read back, then move retention.
 func (s *snapshotter) cycle(ctx context.Context) {
 	start := time.Now()
 	v := s.r.snapView()
 	body, x, err := s.build(ctx, v.tail)
+	built := time.Now()
 	if err == nil {
 		s.mu.Lock()
 		s.bodyBytes = int64(len(body))
@@ -230,13 +241,21 @@ func (s *snapshotter) cycle(ctx context.Context) {
 	s.mu.Unlock()
 	s.notBefore, s.lastKind, s.failDBBytes, s.pulled = time.Time{}, "", 0, false
 	s.maxKnownBody = max(s.maxKnownBody, len(body))
-	s.r.logAt("info", "snapshot_published", "offset=%d bytes=%d image_bytes=%d epoch=%d ms=%d",
-		x, len(body), uint64(s.img.DBPages)*uint64(s.img.PageSize), s.img.Epoch, time.Since(start).Milliseconds())
+	s.verify(x)
+	s.r.logAt("info", "snapshot_published", "offset=%d bytes=%d image_bytes=%d epoch=%d build_ms=%d ms=%d",
+		x, len(body), uint64(s.img.DBPages)*uint64(s.img.PageSize), s.img.Epoch, built.Sub(start).Milliseconds(), time.Since(start).Milliseconds())
 
 	// Retention goes to the previous snapshot, never to the one just published, so a
 	// reader that started from the previous one can still replay past it. A failure is
 	// not a snapshot failure; the next snapshot's retention move covers it (P143).
 	if prev < 0 || uint64(prev) <= retained {
+		return
+	}
+	if !slices.Contains(s.verified, uint64(prev)) {
+		// Published by an earlier owner that may have crashed before reading it back, and
+		// not decoded by this one: retention never goes past an unverified snapshot (T6).
+		// The next snapshot's move goes to the one just verified.
+		s.r.logAt("warn", "retention_failed", "offset=%d err=%q", prev, "the previous snapshot was not verified by this owner")
 		return
 	}
 	wr, err := s.r.opts.Client.Retain(ctx, s.r.url, streamcore.FormatOffset(uint64(prev)))
@@ -276,6 +295,12 @@ func (s *snapshotter) build(ctx context.Context, target uint64) ([]byte, uint64,
 			return nil, 0, err
 		}
 		s.maxKnownBody = max(s.maxKnownBody, installed)
+		if installed > 0 {
+			// The shadow starts from the latest snapshot, decoded whole (crc, geometry, the
+			// offset in its header): retention may move to it.
+			off, _ := streamcore.ParseOffset(info.SnapshotOffset)
+			s.verify(off)
+		}
 	} else if err := catchUp(ctx, c, s.r.url, s.f, s.img, target, maxFrame); err != nil {
 		s.dropShadow()
 		return nil, 0, err
@@ -396,6 +421,14 @@ func backoff(n int, kind string) time.Duration {
 // jitter spreads d by ±20%.
 func jitter(d time.Duration) time.Duration {
 	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+}
+
+// verify remembers a snapshot offset this owner read back or decoded.
+func (s *snapshotter) verify(off uint64) {
+	s.verified = append(s.verified, off)
+	if len(s.verified) > 4 {
+		s.verified = s.verified[1:]
+	}
 }
 
 // dropShadow closes and removes the shadow image; the next cycle rebuilds it.

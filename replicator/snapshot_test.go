@@ -536,7 +536,7 @@ func TestSnapshotSlowUploadDoesNotSlowCommits(t *testing.T) {
 		t.Fatalf("only %d commits while the upload was in flight", len(during))
 	}
 	slices.Sort(during)
-	if worst := during[len(during)-1]; worst > 300*time.Millisecond {
+	if worst := during[len(during)-1]; worst > 750*time.Millisecond {
 		t.Fatalf("slowest commit during the upload took %v (median %v)", worst, during[len(during)/2])
 	}
 	slices.Sort(before)
@@ -659,12 +659,47 @@ func TestSnapshotPublishTime10MiB(t *testing.T) {
 	r, _, lb := snapAttach(t, base+"/snap/bench", Options{SnapshotMinBytes: 1 << 20})
 	m := newModel()
 	const pages = 10 << 20 / snapPage
-	for len(lb.events("snapshot_published")) == 0 {
-		m.commit(t, r, pages, 256)
-		if r.Status().LogBytes > r.Status().SnapshotDueBytes {
-			waitFor(t, "snapshot", 60*time.Second, func() bool { return len(lb.events("snapshot_published")) > 0 })
+	for n := 1; n <= 2; n++ {
+		for len(lb.events("snapshot_published")) < n {
+			m.commit(t, r, pages, 256)
+			if r.Status().LogBytes > r.Status().SnapshotDueBytes {
+				waitFor(t, "snapshot", 60*time.Second, func() bool { return len(lb.events("snapshot_published")) >= n })
+			}
 		}
 	}
-	e := lb.events("snapshot_published")[0]
-	t.Logf("10 MiB database: snapshot of %s image bytes, %s body bytes, built+published+verified in %s ms", e["image_bytes"], e["bytes"], e["ms"])
+	for i, e := range lb.events("snapshot_published") {
+		t.Logf("10 MiB database, cycle %d: %s image bytes, %s body bytes, build %s ms (shadow catch-up + zstd), total %s ms (+ PUT + GET + compare)",
+			i+1, e["image_bytes"], e["bytes"], e["build_ms"], e["ms"])
+	}
+}
+
+// TestSnapshotNewOwner: a new owner (a fresh attach elsewhere) snapshots without any wait,
+// carries its own claim's epoch in the header, and moves retention to the previous owner's
+// snapshot, which it decoded when it built its shadow image (T6, T7).
+func TestSnapshotNewOwner(t *testing.T) {
+	base := snapServer(t, nil)
+	url := base + "/snap/owners"
+	a, _, _ := snapAttach(t, url, Options{})
+	ma := newModel()
+	x1 := commitUntilSnapshot(t, a, ma, "-1")
+	a.Close()
+
+	b, _, lb := snapAttach(t, url, Options{})
+	if st := b.Status(); st.Snapshot != streamcore.FormatOffset(x1) || st.Epoch != 2 {
+		t.Fatalf("new owner's status: %+v", st)
+	}
+	mb := &model{img: slices.Clone(ma.img), at: map[uint64][]byte{}, seed: ma.seed}
+	x2 := commitUntilSnapshot(t, b, mb, streamcore.FormatOffset(x1))
+	waitFor(t, "retention at the previous owner's snapshot", 5*time.Second, func() bool { return b.Status().Retained == streamcore.FormatOffset(x1) })
+	sr, err := b.opts.Client.ReadSnapshot(context.Background(), url, streamcore.FormatOffset(x2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, image, err := DecodeSnapshot(sr.Data, MaxSnapshotImage)
+	if err != nil || h.Epoch != 2 || h.Offset != x2 || !bytes.Equal(image, mb.at[x2]) {
+		t.Fatalf("new owner's snapshot: header %+v, err %v, image equal %t", h, err, bytes.Equal(image, mb.at[x2]))
+	}
+	if ev := lb.events("snapshot_failed"); len(ev) != 0 {
+		t.Fatalf("failures: %v", ev)
+	}
 }
