@@ -37,6 +37,14 @@ import (
 //     version-valid-for (offset 92), so other connections drop their page caches;
 //   - the no-op transaction is rolled back (it wrote nothing through SQLite).
 //
+// A rebuild (behind retention, a new incarnation, or Open finding an earlier follower's
+// file) copies the stream's database into the same file under the same lock, and shifts
+// the schema cookie (offset 40) past every value the file held: an unrelated database may
+// have the cookie a reader cached, and SQLite would keep using the cached schema.
+//
+// Since everything goes through SQLite's file locks, other processes may read the file
+// too (sqlite3 CLI, Python), and see the same consistent states.
+//
 // A reader therefore sees either all of a batch of commits or none of it, and a read
 // transaction keeps its snapshot: the applier waits for it. So that a long read
 // transaction does not also stall every new reader behind the PENDING lock, the applier
@@ -384,6 +392,11 @@ func (f *follower) run() {
 			continue
 		}
 		wait = 0
+		if len(rr.Data) > 0 {
+			f.mu.Lock()
+			f.upToDate = false // until these bytes are applied
+			f.mu.Unlock()
+		}
 		next += uint64(len(rr.Data))
 		pending = append(pending, rr.Data...)
 		recs, used, derr := replicator.DecodeRecords(pending, pos, f.maxFrame)
