@@ -137,6 +137,7 @@ type fileConfig struct {
 			RaftAddr string `toml:"raft_addr"`
 		} `toml:"peers"`
 	} `toml:"raft"`
+	Storage storageConfig `toml:"storage"` // [storage.cold], cold.go
 }
 
 func runServer(args []string, stderr io.Writer) error {
@@ -237,6 +238,11 @@ func runServer(args []string, stderr io.Writer) error {
 	}
 	defer eng.Close()
 	srv := server.New(eng, server.Config{ClusterID: clusterID, Logger: logger})
+	if err := enableCold(srv, &fc.Storage, dataDir, logger); err != nil {
+		ln.Close()
+		return err
+	}
+	defer srv.StopCold()
 	// Live reads (long-poll, SSE) watch the base context, so a shutdown ends them at once
 	// instead of waiting for their timeouts.
 	baseCtx, cancelBase := context.WithCancel(context.Background())

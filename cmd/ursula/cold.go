@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+
+	"github.com/ursula-go/ursula/server"
+	"github.com/ursula-go/ursula/server/coldstore"
+)
+
+// storageConfig is the [storage] section of the config file:
+//
+//	[storage.cold]
+//	backend = "fs"                 # "none" (default), "fs" or "s3"
+//	root = "ursula-prod"           # key prefix of every cold object
+//	dir = "./ursula-data/cold"     # fs backend (default: DATA/cold)
+//	flush_interval = "1s"
+//	flush_size = "8MiB"            # per-group flush threshold and chunk object size
+//	flush_max_concurrency = 4
+//	max_hot_size_per_group = "64MiB"   # 503 ColdBackpressure above it; 0 disables
+//	cache_size = "64MiB"           # LRU of recently read cold blocks
+//	gc_interval = "1m"
+//	gc_grace = "5m"
+//	snapshot_min_size = "1MiB"     # snapshot bodies at least this large are objects
+//
+//	[storage.cold.s3]
+//	bucket = "my-bucket"           # required with backend = "s3"
+//	region = "us-east-1"
+//	endpoint = "http://127.0.0.1:9000"   # S3-compatible stores; path-style by default
+//	prefix = ""
+//	access_key_id = "..."          # omit both keys to use the AWS credential chain
+//	secret_access_key = "..."
+//	server_side_encryption = "aes256"    # or "aws-kms" (kms_key_id) or "none"
+type storageConfig struct {
+	Cold coldstore.Config `toml:"cold"`
+}
+
+// enableCold opens the configured cold store and attaches it to srv (nothing for
+// backend "none"). The caller defers srv.StopCold().
+func enableCold(srv *server.Server, sc *storageConfig, dataDir string, logger *slog.Logger) error {
+	cfg := sc.Cold
+	if cfg.Backend == "fs" && cfg.Dir == "" {
+		cfg.Dir = filepath.Join(dataDir, "cold")
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	if !cfg.Enabled() {
+		return nil
+	}
+	store, err := coldstore.Open(context.Background(), cfg)
+	if err != nil {
+		return fmt.Errorf("cold store: %w", err)
+	}
+	if err := srv.EnableCold(store, cfg, server.ColdOptions{}); err != nil {
+		return fmt.Errorf("cold store: %w", err)
+	}
+	logger.Info("cold tier enabled", "backend", cfg.Backend, "root", cfg.Root, "dir", cfg.Dir, "bucket", cfg.S3.Bucket, "endpoint", cfg.S3.Endpoint)
+	return nil
+}
