@@ -105,11 +105,19 @@ func putFrameHeader(h []byte, typ byte, group uint64, payload []byte) {
 // and offset), so a damaged length field or a frame replayed at another place
 // never verifies.
 func headerCRC(h []byte, segID uint64, off int64) uint32 {
-	var pos [16]byte
-	binary.LittleEndian.PutUint64(pos[0:8], segID)
-	binary.LittleEndian.PutUint64(pos[8:16], uint64(off))
 	c := crc32.Update(0, castagnoli, h[4:frameHeaderSize])
-	return crc32.Update(c, castagnoli, pos[:])
+	return crcUint64(crcUint64(c, segID), uint64(off))
+}
+
+// crcUint64 is crc32.Update over the 8 little-endian bytes of v, done
+// bytewise so the hot path does not allocate a slice for them.
+func crcUint64(crc uint32, v uint64) uint32 {
+	crc = ^crc
+	for i := 0; i < 8; i++ {
+		crc = castagnoli[byte(crc)^byte(v)] ^ (crc >> 8)
+		v >>= 8
+	}
+	return ^crc
 }
 
 func sealFrame(h []byte, segID uint64, off int64) {

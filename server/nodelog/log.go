@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 )
 
@@ -202,9 +201,9 @@ func Open(dir string, opt Options) (*Log, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nodelog: %w", err)
 	}
-	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	if err := lockDir(lf, dir); err != nil {
 		lf.Close()
-		return nil, fmt.Errorf("nodelog: %s is in use by another process: %w", dir, err)
+		return nil, err
 	}
 	l.lockF = lf
 	start := time.Now()
@@ -724,8 +723,8 @@ func (l *Log) Close() error {
 	l.qcond.Signal()
 	l.qmu.Unlock()
 	<-l.done
-	var err error
-	if l.failed == nil {
+	err := l.failed // a failed journal reports why on Close too
+	if err == nil {
 		if serr := l.active.f.Sync(); serr != nil {
 			err = fmt.Errorf("nodelog: fsync on close: %w", serr)
 		}
