@@ -40,11 +40,13 @@ conformance: build conformance-deps
 	test/conformance/run.sh
 
 ## bench: side-by-side load benchmark against the reference Node server
-bench: build conformance-deps
+bench: build conformance-deps s3-deps
 	$(GO) build -o $(BIN)/ursula-bench ./cmd/ursula-bench
 	test/bench/run.sh
 	@echo "== commit latency: replicated (vfs over loopback HTTP) vs plain local SQLite (WAL)"
 	$(GO) test -run '^$$' -bench 'Commit' -benchtime 3000x ./vfs
+	@echo "== catch-up read throughput: hot tier vs cold tier (fs, s3 on versitygw), 64 MiB stream, 8 MiB responses"
+	URSULA_REQUIRE_S3=1 $(GO) test -run '^$$' -bench 'CatchUp' -benchtime 5x ./server/
 
 ## fuzz: run every fuzz target for FUZZTIME each
 FUZZTIME ?= 20s

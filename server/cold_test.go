@@ -101,7 +101,7 @@ func pattern(off, n uint64) []byte {
 	return out
 }
 
-func coldDo(t *testing.T, method, url string, body []byte, hdr ...string) (*http.Response, []byte) {
+func coldDo(t testing.TB, method, url string, body []byte, hdr ...string) (*http.Response, []byte) {
 	t.Helper()
 	var rd io.Reader
 	if body != nil {
