@@ -2,6 +2,7 @@ package replicator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -29,19 +30,12 @@ const readChunk = streamcore.MaxReadBytes
 // The file is written beside dst and renamed over it, so dst is either the old file or the
 // whole new one; stale -wal and -shm files of dst are removed. at must be a record
 // boundary the stream still retains.
+//
+// The owner publishes snapshots and moves retention while a restore runs: when the
+// snapshot it chose is superseded before it is read (404 SNAPSHOT_NOT_FOUND) or retention
+// passes the offset it is replaying from (410), it starts over from a new HEAD (at most
+// restoreAttempts times).
 func Restore(ctx context.Context, c *streamcore.Client, url, dst string, at uint64, maxFrame int, progress Progress) (*Image, error) {
-	info, err := c.Head(ctx, url)
-	if err != nil {
-		return nil, classifyRead(err, "HEAD of the stream")
-	}
-	tail, _ := streamcore.ParseOffset(info.NextOffset)
-	target := tail
-	if at != 0 {
-		if at > tail {
-			return nil, newError(KindNotFound, ActionFix, nil, "offset %d is beyond the stream tail %d", at, tail)
-		}
-		target = at
-	}
 	tmp := dst + ".ursula-restore"
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
@@ -54,9 +48,31 @@ func Restore(ctx context.Context, c *streamcore.Client, url, dst string, at uint
 			os.Remove(tmp)
 		}
 	}()
-	img := &Image{}
-	if _, err := rebuild(ctx, c, url, f, img, info, target, maxFrame, progress); err != nil {
-		return nil, err
+	var img *Image
+	for attempt := 1; ; attempt++ {
+		info, err := c.Head(ctx, url)
+		if err != nil {
+			return nil, classifyRead(err, "HEAD of the stream")
+		}
+		tail, _ := streamcore.ParseOffset(info.NextOffset)
+		target := tail
+		if at != 0 {
+			if at > tail {
+				return nil, newError(KindNotFound, ActionFix, nil, "offset %d is beyond the stream tail %d", at, tail)
+			}
+			target = at
+		}
+		if err := f.Truncate(0); err != nil {
+			return nil, err
+		}
+		img = &Image{}
+		_, err = rebuild(ctx, c, url, f, img, info, target, maxFrame, progress)
+		if err == nil {
+			break
+		}
+		if attempt >= restoreAttempts || !superseded(err) {
+			return nil, err
+		}
 	}
 	if err := f.Truncate(int64(img.DBPages) * int64(img.PageSize)); err != nil {
 		return nil, err
@@ -71,6 +87,20 @@ func Restore(ctx context.Context, c *streamcore.Client, url, dst string, at uint
 	}
 	ok = true
 	return img, nil
+}
+
+// restoreAttempts bounds how often Restore starts over after a snapshot or retention
+// move raced it.
+const restoreAttempts = 3
+
+// superseded reports a read that failed because the stream's snapshot or retention moved
+// on since the HEAD the rebuild started from.
+func superseded(err error) bool {
+	var ce *streamcore.ClientError
+	if !errors.As(err, &ce) {
+		return false
+	}
+	return ce.Status == http.StatusNotFound && ce.Code == streamcore.CodeSnapshotNotFound || ce.Status == http.StatusGone
 }
 
 // MaxSnapshotImage is the largest database image a snapshot may hold, and what a rebuild

@@ -374,6 +374,7 @@ type snapFaults struct {
 	mu        sync.Mutex
 	snapPlan  []int         // statuses to answer the next snapshot PUTs with (0: pass)
 	retPlan   []int         // the same for retention PUTs
+	getPlan   []int         // the same for snapshot GETs (404 answers SNAPSHOT_NOT_FOUND)
 	delay     time.Duration // before passing a snapshot PUT on
 	snapPuts  []time.Time   // arrival of every snapshot PUT
 	inFlight  atomic.Int32  // snapshot PUTs being served
@@ -394,6 +395,8 @@ func (f *snapFaults) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		delay = f.delay
 	case isRet && len(f.retPlan) > 0:
 		status, f.retPlan = f.retPlan[0], f.retPlan[1:]
+	case r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/snapshot/") && len(f.getPlan) > 0:
+		status, f.getPlan = f.getPlan[0], f.getPlan[1:]
 	}
 	hint := f.retryHint
 	f.mu.Unlock()
@@ -402,7 +405,11 @@ func (f *snapFaults) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if status == http.StatusServiceUnavailable && hint != "" {
 			w.Header().Set("Retry-After", hint)
 		}
-		http.Error(w, `{"error":{"code":"INJECTED","message":"injected failure"}}`, status)
+		code := "INJECTED"
+		if status == http.StatusNotFound {
+			code = streamcore.CodeSnapshotNotFound
+		}
+		http.Error(w, `{"error":{"code":"`+code+`","message":"injected failure"}}`, status)
 		return
 	}
 	if isSnap && delay > 0 {
@@ -701,5 +708,35 @@ func TestSnapshotNewOwner(t *testing.T) {
 	}
 	if ev := lb.events("snapshot_failed"); len(ev) != 0 {
 		t.Fatalf("failures: %v", ev)
+	}
+}
+
+// TestRestoreSnapshotSuperseded: a Restore whose snapshot was superseded between its HEAD
+// and its read (404 SNAPSHOT_NOT_FOUND) starts over from a new HEAD; other 404s do not.
+func TestRestoreSnapshotSuperseded(t *testing.T) {
+	f := &snapFaults{}
+	base := snapServer(t, func(h http.Handler) http.Handler { f.next = h; return f })
+	url := base + "/snap/superseded"
+	r, _, _ := snapAttach(t, url, Options{})
+	m := newModel()
+	x := commitUntilSnapshot(t, r, m, "-1")
+	tail := r.Status().Offset
+	c := r.opts.Client
+	f.mu.Lock()
+	f.getPlan = []int{404}
+	f.mu.Unlock()
+	dst := filepath.Join(t.TempDir(), "restored")
+	img, err := Restore(context.Background(), c, url, dst, tail, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(readFile(t, dst), m.at[tail]) || img.Tail != tail {
+		t.Fatalf("restore after a superseded snapshot: tail %d, want %d; snapshot at %d", img.Tail, tail, x)
+	}
+	f.mu.Lock()
+	f.getPlan = []int{404, 404, 404}
+	f.mu.Unlock()
+	if _, err := Restore(context.Background(), c, url, dst, tail, 0, nil); err == nil {
+		t.Fatal("restore succeeded although every snapshot read failed")
 	}
 }
