@@ -78,8 +78,16 @@
 // as soon as it is not the active one and no group's oldest live entry is in
 // it or before it. Only the oldest segments are deleted, so the remaining
 // sequence is always contiguous, and replaying it yields for every group a
-// contiguous suffix of its history. A group that never compacts pins its
-// oldest segment (Stats.OldestSegmentPinnedBy names one).
+// contiguous suffix of its history.
+//
+// A group that rarely reaches raft's snapshot threshold would pin the oldest
+// segment forever. So after each roll, if every group holding entries in
+// the oldest segment is small (live entries up to SegmentBytes/16, a quarter
+// segment in all), their live entries are copied into the active segment as
+// ordinary entries records (a record that starts at or below a group's first
+// index replaces its log), fsynced in either mode, and the old segment is
+// purged. A big group that does not compact still pins it
+// (Stats.OldestSegmentPinnedBy names one).
 //
 // # Recovery
 //

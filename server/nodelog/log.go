@@ -1,6 +1,7 @@
 package nodelog
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -89,6 +90,9 @@ type Stats struct {
 	Records        uint64 // records appended since Open
 	Requests       uint64 // store/delete/set calls served since Open
 	PurgedSegments uint64 // segment files deleted since Open
+	// CopiedEntries were rewritten into the active segment so that small
+	// quiet groups stop pinning old segments (see copyForward).
+	CopiedEntries uint64
 
 	RecoveredSegments int
 	RecoveredRecords  int64
@@ -146,9 +150,10 @@ type Log struct {
 	batch     []byte
 	pending   []pendingFrame
 	needPurge bool
+	rolled    bool // a segment was sealed in this batch: try copyForward
 
 	stats struct {
-		writes, fsyncs, records, requests, purged atomic.Uint64
+		writes, fsyncs, records, requests, purged, copied atomic.Uint64
 	}
 	recovery Stats
 }
@@ -592,20 +597,9 @@ func (l *Log) writeBatch(reqs []*request) error {
 		sync = sync || r.sync
 		for pos := 0; pos < len(r.buf); {
 			n := frameHeaderSize + int(leUint32(r.buf[pos+8:]))
-			off := l.active.size + int64(len(l.batch))
-			if off+int64(n) > l.segMax && off > l.active.base {
-				if err := l.flushPending(); err != nil {
-					return err
-				}
-				if err := l.roll(); err != nil {
-					return err
-				}
-				off = l.active.size
+			if err := l.stage(r.buf[pos : pos+n]); err != nil {
+				return err
 			}
-			start := len(l.batch)
-			l.batch = append(l.batch, r.buf[pos:pos+n]...)
-			sealFrame(l.batch[start:], l.active.id, off)
-			l.pending = append(l.pending, pendingFrame{seg: l.active, off: off, pos: start, n: n})
 			pos += n
 		}
 	}
@@ -614,15 +608,138 @@ func (l *Log) writeBatch(reqs []*request) error {
 		return err
 	}
 	if sync {
-		if err := l.active.f.Sync(); err != nil {
-			return fmt.Errorf("nodelog: fsync %s: %w", segName(l.active.id), err)
+		if err := l.syncActive(); err != nil {
+			return err
 		}
-		l.stats.fsyncs.Add(1)
+	}
+	if l.rolled {
+		l.rolled = false
+		if err := l.copyForward(); err != nil {
+			return err
+		}
 	}
 	if l.needPurge {
 		l.needPurge = false
 		l.purge()
 	}
+	return nil
+}
+
+func (l *Log) syncActive() error {
+	if err := l.active.f.Sync(); err != nil {
+		return fmt.Errorf("nodelog: fsync %s: %w", segName(l.active.id), err)
+	}
+	l.stats.fsyncs.Add(1)
+	return nil
+}
+
+// stage adds one unsealed frame to the batch at the next offset, sealing
+// the active segment first when the frame would take it past SegmentBytes.
+func (l *Log) stage(fr []byte) error {
+	n := int64(len(fr))
+	off := l.active.size + int64(len(l.batch))
+	if off+n > l.segMax && off > l.active.base {
+		if err := l.flushPending(); err != nil {
+			return err
+		}
+		if err := l.roll(); err != nil {
+			return err
+		}
+		off = l.active.size
+	}
+	start := len(l.batch)
+	l.batch = append(l.batch, fr...)
+	sealFrame(l.batch[start:], l.active.id, off)
+	l.pending = append(l.pending, pendingFrame{seg: l.active, off: off, pos: start, n: len(fr)})
+	return nil
+}
+
+// copyForward rewrites the live entries of small groups that alone keep the
+// oldest segment alive into the active segment, so a quiet group (one that
+// rarely reaches raft's snapshot threshold) does not pin disk forever. It
+// only acts when every group pinning the oldest segment is small, and moves
+// at most a quarter segment per roll. The copies are fsynced (whatever the
+// mode) before the purge deletes the originals, which were durable.
+func (l *Log) copyForward() error {
+	oldest := l.active.id
+	l.segMu.RLock()
+	for id := range l.segs {
+		oldest = min(oldest, id)
+	}
+	l.segMu.RUnlock()
+	if oldest == l.active.id {
+		return nil
+	}
+	groupLimit, budget := l.segMax/16, l.segMax/4
+	var movers []*groupState
+	total := int64(0)
+	l.groupsMu.RLock()
+	for _, g := range l.groups {
+		g.mu.RLock()
+		if len(g.locs) > 0 && uint64(g.locs[0].seg) == oldest {
+			n := int64(0)
+			for _, lc := range g.locs {
+				n += int64(lc.n)
+				if n > groupLimit {
+					break
+				}
+			}
+			if n > groupLimit {
+				movers, total = nil, budget+1 // a big group pins it anyway
+			} else {
+				movers = append(movers, g)
+				total += n
+			}
+		}
+		g.mu.RUnlock()
+		if total > budget {
+			break
+		}
+	}
+	l.groupsMu.RUnlock()
+	if len(movers) == 0 || total > budget {
+		return nil
+	}
+	// The flusher is the only writer, so each group's locs cannot change
+	// until the copies are applied; they are copied because applying the
+	// first record (at a roll inside stage) reuses the slice.
+	moved := 0
+	for _, g := range movers {
+		g.mu.RLock()
+		locs := append([]loc(nil), g.locs...)
+		g.mu.RUnlock()
+		var fr []byte
+		for i := 0; i < len(locs); {
+			fr = append(fr[:0], make([]byte, frameHeaderSize+4)...)
+			count := 0
+			for ; i < len(locs) && (count == 0 || len(fr)+int(locs[i].n) <= recordSplitBytes); i++ {
+				lc := locs[i]
+				start := len(fr)
+				fr = append(fr, make([]byte, lc.n)...)
+				l.segMu.RLock()
+				_, err := l.segs[uint64(lc.seg)].f.ReadAt(fr[start:], int64(lc.off))
+				l.segMu.RUnlock()
+				if err != nil {
+					return fmt.Errorf("nodelog: copy forward group %d: %w", g.id, err)
+				}
+				count++
+			}
+			binary.LittleEndian.PutUint32(fr[frameHeaderSize:], uint32(count))
+			putFrameHeader(fr[:frameHeaderSize], recEntries, g.id, fr[frameHeaderSize:])
+			if err := l.stage(fr); err != nil {
+				return err
+			}
+			moved += count
+		}
+	}
+	if err := l.flushPending(); err != nil {
+		return err
+	}
+	if err := l.syncActive(); err != nil {
+		return err
+	}
+	l.stats.copied.Add(uint64(moved))
+	l.needPurge = true
 	return nil
 }
 
@@ -664,6 +781,7 @@ func (l *Log) roll() error {
 		return err
 	}
 	l.needPurge = true
+	l.rolled = true
 	return nil
 }
 
@@ -758,6 +876,7 @@ func (l *Log) Stats() Stats {
 	s.Records = l.stats.records.Load()
 	s.Requests = l.stats.requests.Load()
 	s.PurgedSegments = l.stats.purged.Load()
+	s.CopiedEntries = l.stats.copied.Load()
 	l.segMu.RLock()
 	s.Segments = len(l.segs)
 	oldest := uint64(0)

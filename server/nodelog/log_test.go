@@ -503,3 +503,36 @@ func TestConcurrentGroups(t *testing.T) {
 		})
 	}
 }
+
+// A quiet group that never compacts must not pin old segments forever: its
+// few live entries are copied forward and the segments are purged.
+func TestQuietGroupCopiedForward(t *testing.T) {
+	dir := t.TempDir()
+	opt := Options{SegmentBytes: 32 << 10}
+	l := openT(t, dir, opt)
+	quiet, busy := l.Group(7), l.Group(8)
+	storeRange(t, quiet, 1, 12, 1, 5)
+	if err := quiet.SetUint64([]byte("CurrentTerm"), 3); err != nil {
+		t.Fatal(err)
+	}
+	for i := uint64(1); i <= 6000; i += 50 {
+		storeRange(t, busy, i, i+49, 1, 10)
+		if err := busy.DeleteRange(1, i+39); err != nil { // keep a short tail, like raft's TrailingLogs
+			t.Fatal(err)
+		}
+	}
+	st := l.Stats()
+	if st.Segments > 4 || st.CopiedEntries == 0 {
+		t.Fatalf("quiet group still pins segments: %+v", st)
+	}
+	checkGroup(t, quiet, 1, 12, 1)
+	checkGroup(t, busy, 5991, 6000, 1)
+	l.Close()
+	l = openT(t, dir, opt)
+	defer l.Close()
+	checkGroup(t, l.Group(7), 1, 12, 1)
+	checkGroup(t, l.Group(8), 5991, 6000, 1)
+	if v, _ := l.Group(7).GetUint64([]byte("CurrentTerm")); v != 3 {
+		t.Fatalf("term %d", v)
+	}
+}
