@@ -273,3 +273,29 @@ func TestSuffixDeleteSurvivesKill(t *testing.T) {
 		t.Fatalf("deleted entry resurrected: %v", err)
 	}
 }
+
+// A failed write ends the journal: the error is sticky (retrying a failed
+// write or fsync is unsafe) and the next Open keeps the verified prefix.
+func TestWriteFailureIsSticky(t *testing.T) {
+	dir := t.TempDir()
+	rec := &recorder{}
+	l := openT(t, dir, Options{Logf: rec.logf})
+	s := l.Group(1)
+	storeRange(t, s, 1, 10, 1, 5)
+	l.active.f.Close() // every later write fails
+	if err := s.StoreLog(entry(1, 11, 1)); err == nil {
+		t.Fatal("write to a closed file succeeded")
+	}
+	if err := l.Group(2).SetUint64([]byte("CurrentTerm"), 1); err == nil {
+		t.Fatal("write after a failure succeeded")
+	}
+	if !strings.Contains(rec.text(), "journal failed") {
+		t.Fatalf("failure not logged: %q", rec.text())
+	}
+	if err := l.Close(); err == nil {
+		t.Fatal("Close of a failed journal returned nil")
+	}
+	l = openT(t, dir, Options{})
+	defer l.Close()
+	checkGroup(t, l.Group(1), 1, 10, 1)
+}
