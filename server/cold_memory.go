@@ -2,6 +2,7 @@ package server
 
 import (
 	"sort"
+	"time"
 
 	"github.com/ursula-go/ursula/streamcore"
 )
@@ -58,8 +59,9 @@ func (e *MemoryEngine) HotStreams(g int) []HotStream {
 	sh.mu.RLock()
 	defer sh.mu.RUnlock()
 	var out []HotStream
+	now := time.Now().UnixMilli()
 	for k, s := range sh.state.Streams {
-		if s.SoftDeleted || s.Tail() == s.Data.Base() {
+		if s.SoftDeleted || s.Tail() == s.Data.Base() || s.Expired(now) {
 			continue
 		}
 		out = append(out, HotStream{Key: k, Incarnation: s.Incarnation, HotStart: s.Data.Base(), Tail: s.Tail()})

@@ -168,9 +168,13 @@ func (s *Server) coldBoundary(key string, off uint64) bool {
 // coldBlock is the granule of the cold read cache.
 const coldBlock = 1 << 20
 
+// blockID names a cache block. The object size is part of it: a fork's reference to a
+// chunk that straddles its fork point is cut at the fork point, so the same object can
+// be read with two sizes, and a short last block must never serve the longer reading.
 type blockID struct {
-	key string
-	idx int64
+	key  string
+	size int64
+	idx  int64
 }
 
 type cacheEntry struct {
@@ -237,12 +241,12 @@ func (c *coldTier) readObject(ctx context.Context, key string, objSize, off, n i
 	b0, b1 := off/coldBlock, (off+n-1)/coldBlock
 	blocks := make([][]byte, b1-b0+1)
 	for i := b0; i <= b1; {
-		if blocks[i-b0] = c.cache.get(blockID{key, i}); blocks[i-b0] != nil {
+		if blocks[i-b0] = c.cache.get(blockID{key, objSize, i}); blocks[i-b0] != nil {
 			i++
 			continue
 		}
 		j := i
-		for j+1 <= b1 && c.cache.get(blockID{key, j + 1}) == nil {
+		for j+1 <= b1 && c.cache.get(blockID{key, objSize, j + 1}) == nil {
 			j++
 		}
 		lo, hi := i*coldBlock, min((j+1)*coldBlock, objSize)
@@ -257,7 +261,7 @@ func (c *coldTier) readObject(ctx context.Context, key string, objSize, off, n i
 			blk := data[(k-i)*coldBlock : min((k-i+1)*coldBlock, int64(len(data)))]
 			blk = blk[:len(blk):len(blk)]
 			blocks[k-b0] = blk
-			c.cache.put(blockID{key, k}, blk)
+			c.cache.put(blockID{key, objSize, k}, blk)
 		}
 		i = j + 1
 	}

@@ -537,3 +537,49 @@ func TestColdSnapshotBootstrap(t *testing.T) {
 		})
 	}
 }
+
+// TestColdFork: a fork whose fork point lies inside a cold chunk of its source reads the
+// source's bytes below it, then its own, across tiers, also after its own flush.
+func TestColdFork(t *testing.T) {
+	env := newColdEnv(t, "fs", coldSetup{flushSize: 64 << 10, hotCap: 4 << 20, cacheSize: 1 << 20})
+	env.create("/bkt1/src", "application/octet-stream")
+	env.appendAll("/bkt1/src", 0, 512<<10, 50_000)
+	if err := env.srv.FlushCold(true); err != nil {
+		t.Fatal(err)
+	}
+	forkAt := uint64(100_000) // inside the chunk [65536, 131072)
+	res, body := coldDo(t, "PUT", env.url("/bkt1/fork"), nil, "Content-Type", "application/octet-stream",
+		streamcore.HdrForkedFrom, "/bkt1/src", streamcore.HdrForkOffset, streamcore.FormatOffset(forkAt))
+	if res.StatusCode != 201 {
+		t.Fatalf("fork: %d %s", res.StatusCode, body)
+	}
+	own := bytes.Repeat([]byte("fork!"), 40_000)
+	if res, body := coldDo(t, "POST", env.url("/bkt1/fork"), own, "Content-Type", "application/octet-stream"); res.StatusCode != 204 {
+		t.Fatalf("fork append: %d %s", res.StatusCode, body)
+	}
+	want := append(pattern(0, forkAt), own...)
+	check := func(when string) {
+		t.Helper()
+		var got []byte
+		for pos := uint64(0); pos < uint64(len(want)); {
+			res, body := coldDo(t, "GET", env.url("/bkt1/fork?max_bytes=30000&offset="+streamcore.FormatOffset(pos)), nil)
+			if res.StatusCode != 200 || len(body) == 0 {
+				t.Fatalf("%s: read at %d: %d", when, pos, res.StatusCode)
+			}
+			got = append(got, body...)
+			pos += uint64(len(body))
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%s: fork bytes differ", when)
+		}
+	}
+	check("before the fork's flush")
+	if err := env.srv.FlushCold(true); err != nil {
+		t.Fatal(err)
+	}
+	if env.hotStart("bkt1/fork") != uint64(len(want)) {
+		t.Fatalf("fork not flushed: hot start %d", env.hotStart("bkt1/fork"))
+	}
+	check("after the fork's flush")
+	env.readFrom("/bkt1/src", "-1", 0, 512<<10)
+}

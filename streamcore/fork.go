@@ -59,7 +59,12 @@ func (st *State) forkInto(ns, src *Stream, c *Command) *Error {
 		}
 	}
 	ns.Data = src.Data.Prefix(end)
-	ns.Chunks = append([]ColdChunk(nil), src.ColdChunksFor(0, end)...) // cold bytes below the fork point
+	// Cold bytes below the fork point: the source's chunks, the last one cut at the fork
+	// point (its object holds more, which readers of the fork never ask for).
+	ns.Chunks = append([]ColdChunk(nil), src.ColdChunksFor(0, end)...)
+	if n := len(ns.Chunks); n > 0 && ns.Chunks[n-1].End > end {
+		ns.Chunks[n-1].End = end
+	}
 	ns.Retained = src.Retained
 	for _, a := range src.Appends {
 		if a >= off {
