@@ -91,38 +91,43 @@ func (s *GroupStore) LastIndex() (uint64, error) {
 // GetLog reads entry index from its segment (pread; the page cache keeps
 // recent entries hot). Wrap the store in raft.NewLogCache for a memory cache.
 func (s *GroupStore) GetLog(index uint64, out *raft.Log) error {
-	g := s.g
-	g.mu.RLock()
-	if len(g.locs) == 0 || index < g.first || index > g.last() {
+	g, l := s.g, s.l
+	for attempt := 0; ; attempt++ {
+		g.mu.RLock()
+		if len(g.locs) == 0 || index < g.first || index > g.last() {
+			g.mu.RUnlock()
+			return raft.ErrLogNotFound
+		}
+		lc := g.locs[index-g.first]
 		g.mu.RUnlock()
-		return raft.ErrLogNotFound
-	}
-	lc := g.locs[index-g.first]
-	g.mu.RUnlock()
 
-	buf := make([]byte, lc.n)
-	l := s.l
-	l.segMu.RLock()
-	seg := l.segs[uint64(lc.seg)]
-	var err error
-	if seg != nil {
-		_, err = seg.f.ReadAt(buf, int64(lc.off))
+		buf := make([]byte, lc.n)
+		l.segMu.RLock()
+		seg := l.segs[uint64(lc.seg)]
+		var err error
+		if seg != nil {
+			_, err = seg.f.ReadAt(buf, int64(lc.off))
+		}
+		l.segMu.RUnlock()
+		if seg == nil {
+			// Purged between the lookup and the read: the entry was either
+			// deleted or copied forward; look again.
+			if attempt < 3 {
+				continue
+			}
+			return raft.ErrLogNotFound
+		}
+		if err != nil {
+			return fmt.Errorf("nodelog: read group %d index %d: %w", g.id, index, err)
+		}
+		if err := decodeEntry(buf, out); err != nil {
+			return fmt.Errorf("nodelog: group %d index %d: %w", g.id, index, err)
+		}
+		if out.Index != index {
+			return fmt.Errorf("nodelog: group %d: index %d holds entry %d", g.id, index, out.Index)
+		}
+		return nil
 	}
-	l.segMu.RUnlock()
-	if seg == nil {
-		// Purged between the index lookup and the read: the entry is gone.
-		return raft.ErrLogNotFound
-	}
-	if err != nil {
-		return fmt.Errorf("nodelog: read group %d index %d: %w", g.id, index, err)
-	}
-	if err := decodeEntry(buf, out); err != nil {
-		return fmt.Errorf("nodelog: group %d index %d: %w", g.id, index, err)
-	}
-	if out.Index != index {
-		return fmt.Errorf("nodelog: group %d: index %d holds entry %d", g.id, index, out.Index)
-	}
-	return nil
 }
 
 // StoreLog stores one entry.

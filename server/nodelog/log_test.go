@@ -515,11 +515,32 @@ func TestQuietGroupCopiedForward(t *testing.T) {
 	if err := quiet.SetUint64([]byte("CurrentTerm"), 3); err != nil {
 		t.Fatal(err)
 	}
+	// Readers of the quiet group must never miss an entry while it moves.
+	stop, readErr := make(chan struct{}), make(chan error, 1)
+	go func() {
+		defer close(readErr)
+		for k := uint64(0); ; k++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			var e raft.Log
+			if err := quiet.GetLog(k%12+1, &e); err != nil || !reflect.DeepEqual(&e, entry(7, k%12+1, 1)) {
+				readErr <- fmt.Errorf("quiet GetLog(%d): %v", k%12+1, err)
+				return
+			}
+		}
+	}()
 	for i := uint64(1); i <= 6000; i += 50 {
 		storeRange(t, busy, i, i+49, 1, 10)
 		if err := busy.DeleteRange(1, i+39); err != nil { // keep a short tail, like raft's TrailingLogs
 			t.Fatal(err)
 		}
+	}
+	close(stop)
+	if err := <-readErr; err != nil {
+		t.Fatal(err)
 	}
 	st := l.Stats()
 	if st.Segments > 4 || st.CopiedEntries == 0 {
