@@ -145,6 +145,7 @@ type MetricsSnapshot struct {
 	ReadBytes     uint64             `json:"read_bytes_total"`
 	Requests      map[string]uint64  `json:"requests_total"`
 	RequestSecs   map[string]float64 `json:"request_seconds_total"`
+	Cold          *ColdStats         `json:"cold,omitempty"` // with a cold store (cold.go)
 }
 
 // Snapshot returns the current metrics.
@@ -165,6 +166,10 @@ func (s *Server) MetricsSnapshot() MetricsSnapshot {
 		ms.RequestSecs[k.method+" "+k.class] = v.seconds
 	}
 	s.metrics.mu.Unlock()
+	if s.cold != nil {
+		cs := s.ColdStats()
+		ms.Cold = &cs
+	}
 	return ms
 }
 
@@ -188,6 +193,9 @@ func (s *Server) handleMetricsProm(w http.ResponseWriter, r *http.Request) {
 	gauge("ursula_live_readers", "Open long-poll and SSE readers.", ms.LiveReaders)
 	counter("ursula_append_bytes_total", "Bytes appended.", ms.AppendBytes)
 	counter("ursula_read_bytes_total", "Bytes served by reads.", ms.ReadBytes)
+	if c := ms.Cold; c != nil {
+		coldProm(c, gauge, counter)
+	}
 	keys := make([]string, 0, len(ms.Requests))
 	for k := range ms.Requests {
 		keys = append(keys, k)

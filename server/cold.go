@@ -255,3 +255,16 @@ func shortErr(err error) string {
 func coldCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 60*time.Second)
 }
+
+// coldProm adds the cold tier's metrics to the Prometheus text.
+func coldProm(c *ColdStats, gauge, counter func(name, help string, v any)) {
+	gauge("ursula_cold_hot_bytes", "Unflushed (hot) payload bytes over all groups.", c.HotBytes)
+	gauge("ursula_cold_max_group_hot_bytes", "Hot bytes of the fullest group.", c.MaxGroupHotBytes)
+	gauge("ursula_cold_cache_bytes", "Bytes in the cold read cache.", c.CacheBytes)
+	counter("ursula_cold_flushed_bytes_total", "Bytes flushed to the cold store.", c.FlushedBytes)
+	counter("ursula_cold_flushed_objects_total", "Chunk objects flushed to the cold store.", c.FlushedObjects)
+	counter("ursula_cold_flush_write_errors_total", "Failed chunk uploads.", c.FlushWriteErrors)
+	counter("ursula_cold_backpressure_events_total", "Writes refused with ColdBackpressure.", c.BackpressureEvents)
+	counter("ursula_cold_read_bytes_total", "Bytes read from the cold tier.", c.ColdReadBytes)
+	counter("ursula_cold_gc_deleted_objects_total", "Objects deleted by the cold collector.", c.GCDeletedObjects)
+}

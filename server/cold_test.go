@@ -583,3 +583,20 @@ func TestColdFork(t *testing.T) {
 	check("after the fork's flush")
 	env.readFrom("/bkt1/src", "-1", 0, 512<<10)
 }
+
+func TestColdMetrics(t *testing.T) {
+	env := newColdEnv(t, "fs", coldSetup{flushSize: 64 << 10, hotCap: 4 << 20})
+	env.create("/bkt1/m", "application/octet-stream")
+	env.appendAll("/bkt1/m", 0, 200<<10, 50<<10)
+	if err := env.srv.FlushCold(true); err != nil {
+		t.Fatal(err)
+	}
+	_, body := coldDo(t, "GET", env.url("/__ursula/metrics"), nil)
+	if !strings.Contains(string(body), `"cold_flushed_bytes":204800`) {
+		t.Fatalf("metrics: %s", body)
+	}
+	_, body = coldDo(t, "GET", env.url("/metrics"), nil)
+	if !strings.Contains(string(body), "ursula_cold_flushed_bytes_total 204800") {
+		t.Fatalf("prometheus metrics: %s", body)
+	}
+}
