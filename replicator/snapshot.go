@@ -289,6 +289,18 @@ func (s *snapshotter) build(ctx context.Context, target uint64) ([]byte, uint64,
 		}
 		img := &Image{}
 		installed, err := rebuild(ctx, c, s.r.url, f, img, info, target, maxFrame, nil)
+		if retained, _ := streamcore.ParseOffset(info.RetainedOffset); errors.Is(err, ErrBadSnapshot) && retained == 0 {
+			// The latest snapshot is not one this version can read (damaged, or another
+			// writer's): the whole stream is still there, so build the shadow without it
+			// instead of failing every attempt. Retention never moves to it (not verified).
+			s.r.logAt("warn", "snapshot_unreadable", "offset=%s err=%q", info.SnapshotOffset, err.Error())
+			noSnap := *info
+			noSnap.SnapshotOffset = ""
+			img = &Image{}
+			if err = f.Truncate(0); err == nil {
+				installed, err = rebuild(ctx, c, s.r.url, f, img, &noSnap, target, maxFrame, nil)
+			}
+		}
 		s.f, s.img = f, img
 		if err != nil {
 			s.dropShadow()

@@ -3,6 +3,7 @@ package replicator
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -241,6 +242,13 @@ func TestSnapshotCycle(t *testing.T) {
 	ctx := context.Background()
 	m := newModel()
 
+	js, _ := json.Marshal(r.Status())
+	for _, want := range []string{`"snapshot":"-1"`, `"retained":"00000000000000000000"`, `"log_bytes":`, `"snapshot_due_bytes":65536`,
+		`"snapshot_age_ms":null`, `"snapshot_failures":0`, `"snapshot_error":""`, `"snapshot_bytes":null`} {
+		if !strings.Contains(string(js), want) {
+			t.Fatalf("status JSON %s lacks %s", js, want)
+		}
+	}
 	st := r.Status()
 	if st.Snapshot != "-1" || st.SnapshotAgeMs != nil || st.SnapshotBytes != nil || st.Retained != streamcore.FormatOffset(0) {
 		t.Fatalf("fresh status: %+v", st)
@@ -738,5 +746,82 @@ func TestRestoreSnapshotSuperseded(t *testing.T) {
 	f.mu.Unlock()
 	if _, err := Restore(context.Background(), c, url, dst, tail, 0, nil); err == nil {
 		t.Fatal("restore succeeded although every snapshot read failed")
+	}
+}
+
+// TestSnapshotForeignSnapshot: another writer's unreadable snapshot at the very offset this
+// owner would publish gets 409 (counted, other, snapshot_error names it); the shadow is
+// built from the whole stream instead; retention never moves to the foreign snapshot,
+// only to the owner's own verified one (T6, T18, T39).
+func TestSnapshotForeignSnapshot(t *testing.T) {
+	base := snapServer(t, nil)
+	url := base + "/snap/foreign"
+	r, _, lb := snapAttach(t, url, Options{})
+	c := r.opts.Client
+	m := newModel()
+	r.Close() // no snapshots while the log grows past the due size
+	for range 40 {
+		m.commit(t, r, 32, 4)
+	}
+	y := r.Status().Offset
+	if _, err := c.PublishSnapshot(context.Background(), url, streamcore.FormatOffset(y), "application/octet-stream", []byte("not a snapshot")); err != nil {
+		t.Fatal(err)
+	}
+	r.startSnapshots(&Image{DBPages: 32, PageSize: snapPage}, nil) // as if attached before it
+	t.Cleanup(func() { r.Close() })
+	r.snap.poke()
+	waitFor(t, "the 409", 5*time.Second, func() bool { return len(lb.events("snapshot_failed")) == 1 })
+	st := r.Status()
+	if e := lb.events("snapshot_failed")[0]; e["kind"] != FailOther || st.SnapshotFailures != 1 || !strings.Contains(st.SnapshotError, "409") || st.Snapshot != streamcore.FormatOffset(y) {
+		t.Fatalf("after the 409: event %v, status %+v", e, st)
+	}
+	if len(lb.events("snapshot_unreadable")) != 1 {
+		t.Fatal("no snapshot_unreadable event")
+	}
+	x2 := commitUntilSnapshot(t, r, m, streamcore.FormatOffset(y))
+	waitFor(t, "retention_failed", 5*time.Second, func() bool { return len(lb.events("retention_failed")) == 1 })
+	if e := lb.events("retention_failed")[0]; e["offset"] != fmt.Sprint(y) || !strings.Contains(e["err"], "not verified") {
+		t.Fatalf("retention_failed %v", e)
+	}
+	sr, err := c.ReadSnapshot(context.Background(), url, streamcore.FormatOffset(x2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, image, err := DecodeSnapshot(sr.Data, MaxSnapshotImage); err != nil || !bytes.Equal(image, m.at[x2]) {
+		t.Fatalf("own snapshot after the foreign one: %v", err)
+	}
+	commitUntilSnapshot(t, r, m, streamcore.FormatOffset(x2))
+	waitFor(t, "retention at the owner's snapshot", 5*time.Second, func() bool { return r.Status().Retained == streamcore.FormatOffset(x2) })
+}
+
+// TestSnapshotShrinkRetriesAtOnce: after a failure, a commit that shrinks the database by
+// more than a quarter (VACUUM) brings the next attempt forward to now (checklist P140).
+func TestSnapshotShrinkRetriesAtOnce(t *testing.T) {
+	f := &snapFaults{snapPlan: []int{500, 500, 500, 500}}
+	base := snapServer(t, func(h http.Handler) http.Handler { f.next = h; return f })
+	r, _, lb := snapAttach(t, base+"/snap/shrink", Options{})
+	m := newModel()
+	waitFor(t, "four failures", 10*time.Second, func() bool {
+		if len(lb.events("snapshot_failed")) >= 4 {
+			return true
+		}
+		m.commit(t, r, 32, 4)
+		time.Sleep(5 * time.Millisecond)
+		return false
+	})
+	ev := lb.events("snapshot_failed")[3]
+	wait, _ := strconv.Atoi(ev["retry_ms"])
+	if wait < 640 {
+		t.Fatalf("fourth failure waits %d ms", wait)
+	}
+	shrunk := time.Now()
+	m.commit(t, r, 4, 1) // 128 KiB -> 16 KiB
+	waitFor(t, "the fifth PUT", 5*time.Second, func() bool { return len(f.puts()) >= 5 })
+	if d := f.puts()[4].Sub(shrunk); d > time.Duration(wait)*time.Millisecond/2 {
+		t.Fatalf("the attempt after the shrink came %v after it; the backoff was %d ms", d, wait)
+	}
+	waitFor(t, "a snapshot", 5*time.Second, func() bool { return r.Status().Snapshot != "-1" })
+	if st := r.Status(); st.SnapshotDueBytes != 64<<10 || st.SnapshotFailures != 0 {
+		t.Fatalf("after the shrink: %+v", st)
 	}
 }
