@@ -268,3 +268,45 @@ func coldProm(c *ColdStats, gauge, counter func(name, help string, v any)) {
 	counter("ursula_cold_read_bytes_total", "Bytes read from the cold tier.", c.ColdReadBytes)
 	counter("ursula_cold_gc_deleted_objects_total", "Objects deleted by the cold collector.", c.GCDeletedObjects)
 }
+
+// handleFlushCold serves POST /__ursula/flush-cold/{bucket}/{stream}: flush every hot
+// byte of one stream now. The answer is {"hot_start_offset": "..."}.
+func (s *Server) handleFlushCold(w http.ResponseWriter, r *http.Request, raw string) {
+	if r.Method != http.MethodPost {
+		s.methodNotAllowed(w, r, "POST")
+		return
+	}
+	segs, e := splitPath(strings.TrimPrefix(raw, "/__ursula/flush-cold"))
+	if e == nil && len(segs) != 2 {
+		e = streamcore.Errorf(http.StatusNotFound, streamcore.CodeNotFound, "use /__ursula/flush-cold/{bucket}/{stream}")
+	}
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	if s.cold == nil {
+		s.writeError(w, r, streamcore.Errorf(http.StatusNotImplemented, streamcore.CodeNoColdStore, "this server has no cold store"))
+		return
+	}
+	key := segs[0] + "/" + segs[1]
+	var hotStart uint64
+	found := false
+	s.engine.View(key, s.now(), func(_ *streamcore.State, str *streamcore.Stream) {
+		found = str != nil
+	})
+	if !found {
+		s.writeError(w, r, streamcore.Errorf(http.StatusNotFound, streamcore.CodeStreamNotFound, "stream does not exist"))
+		return
+	}
+	if err := s.flushOnce(s.cold, true, key); err != nil {
+		s.writeError(w, r, coldStoreFailed(err))
+		return
+	}
+	s.engine.View(key, s.now(), func(_ *streamcore.State, str *streamcore.Stream) {
+		if str != nil {
+			hotStart = str.Data.Base()
+		}
+	})
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, `{"hot_start_offset":%q}`, streamcore.FormatOffset(hotStart))
+}

@@ -600,3 +600,22 @@ func TestColdMetrics(t *testing.T) {
 		t.Fatalf("prometheus metrics: %s", body)
 	}
 }
+
+func TestColdFlushEndpoint(t *testing.T) {
+	env := newColdEnv(t, "fs", coldSetup{flushSize: 1 << 20, hotCap: 4 << 20})
+	env.create("/bkt1/f1", "application/octet-stream")
+	env.create("/bkt1/f2", "application/octet-stream")
+	env.appendAll("/bkt1/f1", 0, 300<<10, 100<<10)
+	env.appendAll("/bkt1/f2", 0, 300<<10, 100<<10)
+	res, body := coldDo(t, "POST", env.url("/__ursula/flush-cold/bkt1/f1"), nil)
+	if res.StatusCode != 200 || !strings.Contains(string(body), streamcore.FormatOffset(300<<10)) {
+		t.Fatalf("flush-cold: %d %s", res.StatusCode, body)
+	}
+	if env.hotStart("bkt1/f1") != 300<<10 || env.hotStart("bkt1/f2") != 0 {
+		t.Fatalf("hot starts %d %d", env.hotStart("bkt1/f1"), env.hotStart("bkt1/f2"))
+	}
+	env.readFrom("/bkt1/f1", "-1", 0, 300<<10)
+	if res, _ := coldDo(t, "POST", env.url("/__ursula/flush-cold/bkt1/nope"), nil); res.StatusCode != 404 {
+		t.Fatalf("missing stream: %d", res.StatusCode)
+	}
+}

@@ -33,7 +33,7 @@ func (s *Server) flushLoop(c *coldTier) {
 			return
 		case <-t.C:
 		}
-		err := s.flushOnce(c, false)
+		err := s.flushOnce(c, false, "")
 		next := interval
 		if err != nil {
 			if backoff == 0 {
@@ -65,20 +65,34 @@ func (s *Server) FlushCold(all bool) error {
 	if s.cold == nil {
 		return errors.New("no cold store configured")
 	}
-	return s.flushOnce(s.cold, all)
+	return s.flushOnce(s.cold, all, "")
 }
 
-func (s *Server) flushOnce(c *coldTier, all bool) error {
+// flushOnce runs one pass; only != "" flushes every hot byte of that one stream.
+func (s *Server) flushOnce(c *coldTier, all bool, only string) error {
 	c.flush.Lock()
 	defer c.flush.Unlock()
 	size := uint64(c.cfg.FlushSize)
 	var plan [][]*flushPiece // per stream, in offset order
-	for _, g := range c.eng.ColdGroups() {
+	groups := c.eng.ColdGroups()
+	if only != "" {
+		groups, all = []int{c.eng.GroupOf(only)}, true
+	}
+	for _, g := range groups {
 		hot := uint64(max(c.eng.GroupHotBytes(g), 0))
 		if hot == 0 || !all && hot < size {
 			continue
 		}
 		streams := c.eng.HotStreams(g)
+		if only != "" {
+			var one []HotStream
+			for _, hs := range streams {
+				if hs.Key == only {
+					one = append(one, hs)
+				}
+			}
+			streams = one
+		}
 		left := hot
 		var rest []HotStream
 		for _, hs := range streams {

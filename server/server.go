@@ -147,6 +147,10 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		s.handleRaftAdmin(w, r, raw)
 		return
 	}
+	if strings.HasPrefix(raw, "/__ursula/flush-cold/") {
+		s.handleFlushCold(w, r, raw) // cold.go
+		return
+	}
 	if strings.HasPrefix(raw, "/__ursula/") || raw == "/__ursula" {
 		s.writeError(w, r, streamcore.Errorf(http.StatusNotFound, streamcore.CodeNotFound, "no such operational endpoint"))
 		return
