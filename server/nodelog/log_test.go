@@ -557,3 +557,39 @@ func TestQuietGroupCopiedForward(t *testing.T) {
 		t.Fatalf("term %d", v)
 	}
 }
+
+// Batches bigger than a record are split into a run of records, and an
+// entry bigger than the recovery window still replays.
+func TestLargeBatchesAndEntries(t *testing.T) {
+	dir := t.TempDir()
+	l := openT(t, dir, Options{SegmentBytes: 4 << 20})
+	s := l.Group(1)
+	mk := func(i uint64, size int) *raft.Log {
+		return &raft.Log{Index: i, Term: 1, Data: bytes.Repeat([]byte{byte(i)}, size)}
+	}
+	var logs []*raft.Log
+	for i := uint64(1); i <= 300; i++ {
+		logs = append(logs, mk(i, 8<<10))
+	}
+	logs = append(logs, mk(301, 5<<20), mk(302, 10))
+	if err := s.StoreLogs(logs); err != nil {
+		t.Fatal(err)
+	}
+	if r := l.Stats().Records; r < 4 {
+		t.Fatalf("%d records for a 7.5 MiB batch", r)
+	}
+	check := func(s *GroupStore) {
+		t.Helper()
+		for _, want := range logs {
+			var got raft.Log
+			if err := s.GetLog(want.Index, &got); err != nil || !bytes.Equal(got.Data, want.Data) {
+				t.Fatalf("index %d: %v, %d bytes", want.Index, err, len(got.Data))
+			}
+		}
+	}
+	check(s)
+	l.Close()
+	l = openT(t, dir, Options{SegmentBytes: 4 << 20})
+	defer l.Close()
+	check(l.Group(1))
+}
