@@ -4,7 +4,7 @@ BIN      := bin
 ADDR     ?= 127.0.0.1:4437
 export GOFLAGS := -buildvcs=false
 
-.PHONY: run build test unit vet fmt-check conformance conformance-deps s3-deps bench fuzz clean
+.PHONY: run build test unit vet fmt-check conformance conformance-deps s3-deps bench fuzz clean cluster
 
 build:
 	$(GO) build -o $(BIN)/ursula ./cmd/ursula
@@ -35,11 +35,15 @@ s3-deps:
 conformance-deps:
 	@test -d test/conformance/node_modules/@durable-streams/server-conformance-tests || (cd test/conformance && npm ci --no-audit --no-fund)
 
-## conformance: start a fresh server on a free port and run the official suite against it
+## cluster: start a 3-node loopback cluster (raft engine) in the foreground; Ctrl-C stops it
+cluster: build
+	test/cluster/cluster.sh
+
+## conformance: the official suite against memory, raft 1-node and raft 3-node servers
 conformance: build conformance-deps
 	test/conformance/run.sh
 
-## bench: side-by-side load benchmark against the reference Node server
+## bench: load benchmark: ursula memory / raft (fsync never, always) / 3-node cluster / reference server
 bench: build conformance-deps s3-deps
 	$(GO) build -o $(BIN)/ursula-bench ./cmd/ursula-bench
 	test/bench/run.sh

@@ -117,6 +117,9 @@ type fileConfig struct {
 		ClusterID string `toml:"cluster_id"`
 		DataDir   string `toml:"data_dir"`
 		Engine    string `toml:"engine"`
+		// ClusterListen is the address the cluster listener binds (default: this node's
+		// raft_addr in raft.peers; differs when peers reach it through a proxy or NAT).
+		ClusterListen string `toml:"cluster_listen"`
 	} `toml:"server"`
 	Raft struct {
 		NodeID                 uint64 `toml:"node_id"`
@@ -339,10 +342,11 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, stderr io.Writer, logger 
 		}
 	}
 	if len(peers) > 1 {
-		ln, err := net.Listen("tcp", peers[self].RaftAddr)
+		bind := pickStr(fc.Server.ClusterListen, peers[self].RaftAddr)
+		ln, err := net.Listen("tcp", bind)
 		if err != nil {
 			nl.Close()
-			return nil, nil, fmt.Errorf("cluster listener %s: %w", peers[self].RaftAddr, err)
+			return nil, nil, fmt.Errorf("cluster listener %s: %w", bind, err)
 		}
 		cfg.Listener = ln
 	}

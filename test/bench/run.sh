@@ -1,57 +1,54 @@
 #!/usr/bin/env bash
-# Side-by-side load benchmark: our ursula server against the Durable Streams reference
+# Side-by-side load benchmark: ursula on each engine against the Durable Streams reference
 # server (@durable-streams/server, Node, pinned in test/conformance/package-lock.json).
 #
-# Builds bin/ursula and bin/ursula-bench, starts both servers on free loopback ports, runs
-# the same scenarios against each in turn (append latency/throughput with 1, 16 and 64
-# writers; SSE delivery latency to 100 live readers), then prints the comparison table
-# (absolute numbers and the ratio ursula/reference). Both servers are stopped on exit.
+# Builds bin/ursula and bin/ursula-bench, then for each target in turn starts it on free
+# loopback ports, runs the same scenarios (append latency/throughput with 1, 16 and 64
+# writers; SSE delivery latency to 100 live readers), and stops it, so targets never
+# compete for the CPUs. Then prints one comparison table (absolute numbers and the ratio of
+# the first target to each other one). Targets (BENCH_TARGETS, default all):
+#   memory        ursula --engine memory (nothing persisted)
+#   raft          ursula default: raft single voter, node log fsync=never
+#   raft-always   raft single voter, node log fsync=always (every ack after fsync)
+#   raft3         3-node loopback cluster (3 voters per group, fsync=never); every group's
+#                 leadership is moved to node 1 and the bench talks to node 1
+#   reference     the reference Node server
 #
 # Usage (from anywhere):  test/bench/run.sh [ursula-bench flags, e.g. --duration 10s]
 # Environment:
-#   BENCH_OUT    directory for the JSON results (default test/bench/results/<timestamp>)
-#   URSULA_ARGS  extra flags for `ursula server` (e.g. "--engine memory")
+#   BENCH_OUT      directory for the JSON results (default test/bench/results/<timestamp>)
+#   BENCH_TARGETS  e.g. "memory raft raft3"
+#   URSULA_ARGS    extra flags for `ursula server`
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 export GOFLAGS="${GOFLAGS:--buildvcs=false}"
+targets=${BENCH_TARGETS:-memory raft raft-always raft3 reference}
 
 work=$(mktemp -d)
 pids=()
-cleanup() {
+stop_all() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$work"
+  pids=()
 }
+cleanup() { stop_all; rm -rf "$work"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 echo "== building"
 go build -o "$root/bin/ursula" ./cmd/ursula
 go build -o "$root/bin/ursula-bench" ./cmd/ursula-bench
-if [ ! -d test/conformance/node_modules/@durable-streams/server ]; then
+if [[ " $targets " == *" reference "* ]] && [ ! -d test/conformance/node_modules/@durable-streams/server ]; then
   echo "== installing the reference server (npm ci in test/conformance)"
   (cd test/conformance && npm ci --no-audit --no-fund)
 fi
 
 out=${BENCH_OUT:-$root/test/bench/results/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out"
-ports=$("$root/bin/ursula-bench" freeport 2)
-uport=$(echo "$ports" | sed -n 1p)
-rport=$(echo "$ports" | sed -n 2p)
-
-echo "== starting ursula on 127.0.0.1:$uport and the reference server on 127.0.0.1:$rport"
-# shellcheck disable=SC2086
-"$root/bin/ursula" server --listen "127.0.0.1:$uport" --data "$work/ursula-data" ${URSULA_ARGS:-} \
-  >"$out/ursula-server.log" 2>&1 &
-pids+=($!)
-(cd test/conformance && exec node reference-server.mjs "$rport") >"$out/reference-server.log" 2>&1 &
-pids+=($!)
-"$root/bin/ursula-bench" wait "http://127.0.0.1:$uport/__ursula/ready"
-"$root/bin/ursula-bench" wait "http://127.0.0.1:$rport/v1/stream/"
 
 # The load generator runs in the background and is waited for, so that a signal to this
-# script is handled at once (the trap stops the generator and both servers).
+# script is handled at once (the trap stops the generator and the servers).
 bench() {
   "$root/bin/ursula-bench" "$@" &
   local pid=$!
@@ -59,11 +56,50 @@ bench() {
   wait "$pid"
 }
 
-echo "== ursula ($(nproc 2>/dev/null || echo ?) CPUs, shared with the load generator)"
-bench --url "http://127.0.0.1:$uport/bench" --label ursula --out "$out/ursula.json" "$@"
-echo "== reference"
-bench --url "http://127.0.0.1:$rport/v1/stream" --label reference --out "$out/reference.json" "$@"
+results=()
+for target in $targets; do
+  port=$("$root/bin/ursula-bench" freeport 1)
+  data="$work/$target"
+  mkdir -p "$data"
+  url="http://127.0.0.1:$port/bench"
+  case $target in
+    memory|raft)
+      # shellcheck disable=SC2086
+      "$root/bin/ursula" server --engine "$target" --listen "127.0.0.1:$port" --data "$data" ${URSULA_ARGS:-} \
+        >"$out/$target-server.log" 2>&1 &
+      pids+=($!)
+      "$root/bin/ursula-bench" wait "http://127.0.0.1:$port/__ursula/ready"
+      ;;
+    raft-always)
+      printf '[raft.wal]\nfsync = "always"\n' >"$data/ursula.toml"
+      # shellcheck disable=SC2086
+      "$root/bin/ursula" server --config "$data/ursula.toml" --listen "127.0.0.1:$port" --data "$data" ${URSULA_ARGS:-} \
+        >"$out/$target-server.log" 2>&1 &
+      pids+=($!)
+      "$root/bin/ursula-bench" wait "http://127.0.0.1:$port/__ursula/ready"
+      ;;
+    raft3)
+      base=$(( port % 20000 + 30000 ))
+      URSULA_CLUSTER_BASE_PORT=$base URSULA_BIN="$root/bin/ursula" test/cluster/cluster.sh --background "$data" >/dev/null
+      read -r -a cpids <"$data/pids"
+      pids+=("${cpids[@]}")
+      test/cluster/lead.sh "http://127.0.0.1:$((base + 1))" 1
+      url="http://127.0.0.1:$((base + 1))/bench"
+      ;;
+    reference)
+      (cd test/conformance && exec node reference-server.mjs "$port") >"$out/reference-server.log" 2>&1 &
+      pids+=($!)
+      "$root/bin/ursula-bench" wait "http://127.0.0.1:$port/v1/stream/"
+      url="http://127.0.0.1:$port/v1/stream"
+      ;;
+    *) echo "unknown target $target" >&2; exit 2 ;;
+  esac
+  echo "== $target ($(nproc 2>/dev/null || echo ?) CPUs, shared with the load generator)"
+  bench --url "$url" --label "$target" --out "$out/$target.json" "$@"
+  results+=("$out/$target.json")
+  stop_all
+done
 
 echo "== comparison"
-"$root/bin/ursula-bench" compare "$out/ursula.json" "$out/reference.json" | tee "$out/compare.txt"
+"$root/bin/ursula-bench" compare "${results[@]}" | tee "$out/compare.txt"
 echo "results in $out"

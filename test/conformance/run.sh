@@ -1,19 +1,67 @@
 #!/usr/bin/env bash
-# Starts a fresh ursula server on a free port and runs the official Durable Streams
-# conformance suite (@durable-streams/server-conformance-tests, pinned in package-lock.json)
-# against its /v1/stream/ compatibility family.
+# Runs the official Durable Streams conformance suite (@durable-streams/server-conformance-tests,
+# pinned in package-lock.json) against the /v1/stream/ compatibility family of fresh servers,
+# once per engine mode:
+#   memory  one node, memory engine
+#   raft    one node, raft engine (single voter, node log on disk)
+#   raft3   a 3-node loopback cluster; every group's leadership is moved to node 1 and the
+#           suite talks to node 1 (followers serve catch-up reads from their own replica,
+#           which may trail the leader by a commit round, so read-your-write suites need
+#           the leader)
+# Usage: test/conformance/run.sh [vitest args]; CONFORMANCE_MODES="memory raft raft3" picks modes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-data=$(mktemp -d)
-log=$data/server.log
-"$root/bin/ursula" server --listen "127.0.0.1:$port" --data "$data" >"$log" 2>&1 &
-pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$data"' EXIT
-for _ in $(seq 1 100); do
-  curl -fsS "http://127.0.0.1:$port/__ursula/ready" >/dev/null 2>&1 && break
-  sleep 0.1
+modes=${CONFORMANCE_MODES:-memory raft raft3}
+freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+pids=()
+dirs=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  for d in "${dirs[@]}"; do rm -rf "$d"; done
+}
+trap cleanup EXIT
+waitready() {
+  for _ in $(seq 1 100); do
+    curl -fsS "$1/__ursula/ready" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "server at $1 not ready" >&2
+  return 1
+}
+summary=()
+for mode in $modes; do
+  data=$(mktemp -d)
+  dirs+=("$data")
+  case $mode in
+    memory|raft)
+      port=$(freeport)
+      url="http://127.0.0.1:$port"
+      "$root/bin/ursula" server --engine "$mode" --listen "127.0.0.1:$port" --data "$data" >"$data/server.log" 2>&1 &
+      pids+=($!)
+      waitready "$url"
+      ;;
+    raft3)
+      base=$(( ( $(freeport) % 20000 ) + 30000 ))
+      URSULA_CLUSTER_BASE_PORT=$base URSULA_BIN="$root/bin/ursula" test/cluster/cluster.sh --background "$data" >/dev/null
+      read -r -a cpids <"$data/pids"
+      pids+=("${cpids[@]}")
+      url="http://127.0.0.1:$((base + 1))"
+      test/cluster/lead.sh "$url" 1
+      ;;
+    *) echo "unknown mode $mode" >&2; exit 2 ;;
+  esac
+  echo "== conformance: $mode ($url)"
+  set +e
+  (cd test/conformance && CONFORMANCE_TEST_URL="$url" npx vitest run "$@") 2>&1 | tee "$data/vitest.out"
+  rc=${PIPESTATUS[0]}
+  set -e
+  summary+=("$mode: $(sed 's/\x1b\[[0-9;]*m//g' "$data/vitest.out" | grep -E '^ +Tests ' | tr -s ' ' | sed 's/^ //' || true)")
+  if [ "$rc" != 0 ]; then
+    printf '%s\n' "${summary[@]}"
+    exit "$rc"
+  fi
 done
-cd test/conformance
-CONFORMANCE_TEST_URL="http://127.0.0.1:$port" npx vitest run "$@"
+echo "== conformance summary"
+printf '%s\n' "${summary[@]}"
