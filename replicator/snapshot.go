@@ -40,9 +40,12 @@ const (
 	backoffFirst        = 100 * time.Millisecond
 	backoffCapSize      = time.Hour
 	backoffCapOther     = 5 * time.Minute
-	sizeClassMin        = 1 << 20          // a failure is "size" only for bodies over 1 MiB (P137)
-	outagePullForward   = 30 * time.Second // P141
+	sizeClassMin        = 1 << 20 // a failure is "size" only for bodies over 1 MiB (P137)
 )
+
+// outagePullForward: the first successful commit after an outage brings the next attempt
+// forward to within this (P141). A variable for tests.
+var outagePullForward = 30 * time.Second
 
 // Failure kinds of a snapshot attempt (checklist P137-139).
 const (

@@ -408,6 +408,12 @@ func (f *snapFaults) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	hint := f.retryHint
 	f.mu.Unlock()
+	if status == -1 { // no answer: drop the connection
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close()
+		}
+		return
+	}
 	if status != 0 {
 		io.Copy(io.Discard, r.Body)
 		if status == http.StatusServiceUnavailable && hint != "" {
@@ -823,5 +829,46 @@ func TestSnapshotShrinkRetriesAtOnce(t *testing.T) {
 	waitFor(t, "a snapshot", 5*time.Second, func() bool { return r.Status().Snapshot != "-1" })
 	if st := r.Status(); st.SnapshotDueBytes != 64<<10 || st.SnapshotFailures != 0 {
 		t.Fatalf("after the shrink: %+v", st)
+	}
+}
+
+// TestSnapshotNoAnswerSentTwice: a publish that gets no answer is sent once more within
+// the same attempt, never more (checklist P142); the failure is an outage.
+func TestSnapshotNoAnswerSentTwice(t *testing.T) {
+	f := &snapFaults{snapPlan: []int{-1, -1}}
+	base := snapServer(t, func(h http.Handler) http.Handler { f.next = h; return f })
+	r, _, lb := snapAttach(t, base+"/snap/noanswer", Options{})
+	m := newModel()
+	commitUntilSnapshot(t, r, m, "-1")
+	ev := lb.events("snapshot_failed")
+	if len(ev) != 1 || ev[0]["kind"] != FailOutage || len(f.puts()) != 3 {
+		t.Fatalf("%d PUTs, failures %v; want 2 sends in the failed attempt, 1 in the next", len(f.puts()), ev)
+	}
+}
+
+// TestSnapshotOutagePullForward: after an outage with a long Retry-After, the first
+// successful commit brings the next attempt forward, once (checklist P141).
+func TestSnapshotOutagePullForward(t *testing.T) {
+	defer func(d time.Duration) { outagePullForward = d }(outagePullForward)
+	outagePullForward = 300 * time.Millisecond
+	f := &snapFaults{snapPlan: []int{503}, retryHint: "5"}
+	base := snapServer(t, func(h http.Handler) http.Handler { f.next = h; return f })
+	r, _, lb := snapAttach(t, base+"/snap/pull", Options{})
+	m := newModel()
+	waitFor(t, "the outage", 10*time.Second, func() bool {
+		if len(lb.events("snapshot_failed")) > 0 {
+			return true
+		}
+		m.commit(t, r, 32, 4)
+		return false
+	})
+	if e := lb.events("snapshot_failed")[0]; e["kind"] != FailOutage || e["retry_ms"] != "5000" {
+		t.Fatalf("outage event %v", e)
+	}
+	committed := time.Now()
+	m.commit(t, r, 32, 4)
+	waitFor(t, "the pulled-forward attempt", 3*time.Second, func() bool { return r.Status().Snapshot != "-1" })
+	if d := f.puts()[1].Sub(committed); d > 2*time.Second {
+		t.Fatalf("the attempt came %v after the commit, want about %v (not the 5 s Retry-After)", d, outagePullForward)
 	}
 }
