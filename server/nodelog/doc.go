@@ -63,6 +63,9 @@
 //	2 delete range: min u64, max u64 (inclusive; a prefix, a suffix or all).
 //	3 stable: count u32, then count times key length u32, key, value length
 //	  u32, value. SetUint64 values are 8 bytes big-endian.
+//	4 shutdown: empty, group 0. Close writes it last; Open reports whether
+//	  the journal ends with it (Stats.CleanShutdown), which tells an engine
+//	  whether the previous process may have lost unsynced appends.
 //
 // AppendedAt comes back in UTC without a monotonic reading (time.Equal to
 // what was stored).

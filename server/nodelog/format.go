@@ -41,6 +41,7 @@ const (
 	recEntries     byte = 1 // a run of consecutive raft log entries of one group
 	recDeleteRange byte = 2 // min u64, max u64 (inclusive) of one group
 	recStable      byte = 3 // one or more stable-store key/value pairs of one group
+	recShutdown    byte = 4 // empty; written by Close as the last record
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -181,6 +182,11 @@ func validatePayload(f frame) error {
 		return nil
 	case recStable:
 		return walkStable(p, nil)
+	case recShutdown:
+		if len(p) != 0 || f.group != 0 {
+			return fmt.Errorf("%w: shutdown record with a payload or group", errCorrupt)
+		}
+		return nil
 	default:
 		return fmt.Errorf("%w: unknown record type %d", errCorrupt, f.typ)
 	}

@@ -40,6 +40,9 @@ func validSegment(seed []byte) []byte {
 		return binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(p, 10), 10)
 	})
 	sealFrame(b[start:], 3, int64(start))
+	start = len(b)
+	b = appendFrame(b, recShutdown, 0, func(p []byte) []byte { return p })
+	sealFrame(b[start:], 3, int64(start))
 	return b
 }
 

@@ -281,6 +281,9 @@ func (l *Log) release(r *request) {
 // frame has a defined effect. It reports whether a group's oldest entry may
 // have moved to a later segment (a purge may now delete files).
 func (l *Log) applyFrame(seg *segment, off int64, f frame) bool {
+	if f.typ == recShutdown {
+		return false
+	}
 	g := l.group(f.group)
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -103,6 +103,10 @@ type Stats struct {
 	// failed verification. TruncatedBytes were cut away in either case.
 	TailDamage     string
 	TruncatedBytes int64
+	// CleanShutdown says the previous process closed the journal with Close
+	// (or the directory was new). false means it crashed or was killed: with
+	// FsyncNever, recent acknowledged appends may be gone after a host crash.
+	CleanShutdown bool
 }
 
 // loc is where one encoded entry lives. 12 bytes per indexed entry.
@@ -305,11 +309,13 @@ func (l *Log) recover() error {
 		if err := l.cutTail(seg, rest, end, derr); err != nil {
 			return err
 		}
+		l.recovery.CleanShutdown = false
 	}
 	for _, g := range l.groups {
 		l.recovery.RecoveredEntries += int64(len(g.locs))
 	}
 	if len(ids) == 0 {
+		l.recovery.CleanShutdown = true
 		return l.startSegment(1)
 	}
 	l.active = l.segs[ids[len(ids)-1]]
@@ -401,6 +407,7 @@ func (l *Log) replaySegment(seg *segment, r io.ReaderAt, size int64, rb *replayB
 		}
 		l.applyFrame(seg, off, f)
 		l.recovery.RecoveredRecords++
+		l.recovery.CleanShutdown = f.typ == recShutdown
 		pos += n
 	}
 	return base + int64(pos), nil
@@ -843,7 +850,12 @@ func (l *Log) Close() error {
 	<-l.done
 	err := l.failed // a failed journal reports why on Close too
 	if err == nil {
-		if serr := l.active.f.Sync(); serr != nil {
+		// The shutdown record tells the next Open that nothing was lost.
+		l.batch = appendFrame(l.batch[:0], recShutdown, 0, func(p []byte) []byte { return p })
+		sealFrame(l.batch, l.active.id, l.active.size)
+		if _, werr := l.active.f.WriteAt(l.batch, l.active.size); werr != nil {
+			err = fmt.Errorf("nodelog: write on close: %w", werr)
+		} else if serr := l.active.f.Sync(); serr != nil {
 			err = fmt.Errorf("nodelog: fsync on close: %w", serr)
 		}
 	}

@@ -407,8 +407,8 @@ func TestCheckpointLargerThanSegment(t *testing.T) {
 	dir := t.TempDir()
 	opt := Options{SegmentBytes: 4 << 10}
 	l := openT(t, dir, opt)
-	for g := uint64(1); g <= 200; g++ {
-		if err := l.Group(g).Set([]byte("k"), bytes.Repeat([]byte{byte(g)}, 40)); err != nil {
+	for g := uint64(1); g <= 100; g++ {
+		if err := l.Group(g).Set([]byte("k"), bytes.Repeat([]byte{byte(g)}, 80)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -419,7 +419,7 @@ func TestCheckpointLargerThanSegment(t *testing.T) {
 	l.Close()
 	l = openT(t, dir, opt)
 	defer l.Close()
-	if v, _ := l.Group(200).Get([]byte("k")); !bytes.Equal(v, bytes.Repeat([]byte{200}, 40)) {
+	if v, _ := l.Group(100).Get([]byte("k")); !bytes.Equal(v, bytes.Repeat([]byte{100}, 80)) {
 		t.Fatalf("value %v", v)
 	}
 	checkGroup(t, l.Group(1000), 1, 50, 1)
@@ -431,7 +431,7 @@ func TestConcurrentGroups(t *testing.T) {
 			dir := t.TempDir()
 			opt := Options{SegmentBytes: 256 << 10, Fsync: mode}
 			l := openT(t, dir, opt)
-			const workers, groupsPer, n = 16, 4, 60
+			const workers, groupsPer, n = 16, 4, 40
 			var wg sync.WaitGroup
 			errs := make(chan error, workers)
 			for w := 0; w < workers; w++ {
