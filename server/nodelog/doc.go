@@ -21,7 +21,13 @@
 //
 // In memory, each group keeps a dense slice of 12-byte locations (segment,
 // offset, length) indexed by raft index; GetLog preads the entry. Entries are
-// not cached; wrap a GroupStore in raft.NewLogCache for that.
+// not cached; wrap a GroupStore in raft.NewLogCache for that. GetLog checks
+// the entry's index but not the record checksum (verified at Open), so a
+// bit flip on disk after Open is only caught by the next Open. Limits: one
+// entry up to 256 MiB, SegmentBytes 4 KiB..1 GiB, segment ids below 2^32.
+//
+// Close drains the queue, appends a shutdown record and fsyncs, so after a
+// clean shutdown nothing is lost even with FsyncNever.
 //
 // # Files
 //

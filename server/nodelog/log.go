@@ -724,7 +724,11 @@ func (l *Log) copyForward() error {
 				start := len(fr)
 				fr = append(fr, make([]byte, lc.n)...)
 				l.segMu.RLock()
-				_, err := l.segs[uint64(lc.seg)].f.ReadAt(fr[start:], int64(lc.off))
+				src := l.segs[uint64(lc.seg)]
+				err := errors.New("segment is gone")
+				if src != nil {
+					_, err = src.f.ReadAt(fr[start:], int64(lc.off))
+				}
 				l.segMu.RUnlock()
 				if err != nil {
 					return fmt.Errorf("nodelog: copy forward group %d: %w", g.id, err)
