@@ -329,7 +329,13 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, stderr io.Writer, logger 
 		NodeID: rc.NodeID, GroupCount: rc.GroupCount, Peers: peers, Dir: filepath.Join(dataDir, "raft"),
 		Stores: func(g uint64) (raft.LogStore, raft.StableStore, error) {
 			s := nl.Group(g)
-			return s, s, nil
+			// Recent entries stay in memory for replication to followers (the node log
+			// preads every GetLog otherwise).
+			c, err := raft.NewLogCache(64, s)
+			if err != nil {
+				return nil, nil, err
+			}
+			return c, s, nil
 		},
 		InitMembership:    true,
 		HeartbeatTimeout:  time.Duration(rc.HeartbeatTimeoutMs) * time.Millisecond,
