@@ -89,11 +89,11 @@ func (c *coldTier) readChunks(ctx context.Context, chunks []streamcore.ColdChunk
 			return nil, fmt.Errorf("cold chunks do not cover offset %d", pos)
 		}
 		end := min(to, ch.End)
-		b, err := c.readObject(ctx, ch.Key, int64(ch.End-ch.Start), int64(pos-ch.Start), int64(end-pos))
+		var err error
+		out, err = c.readObject(ctx, out, ch.Key, int64(ch.End-ch.Start), int64(pos-ch.Start), int64(end-pos))
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, b...)
 		pos = end
 	}
 	if pos < to {
@@ -232,11 +232,11 @@ func (cc *coldCache) put(id blockID, data []byte) {
 	}
 }
 
-// readObject returns the bytes [off, off+n) of an object of size objSize, through the
-// cache: missing blocks are fetched with one range GET per contiguous run.
-func (c *coldTier) readObject(ctx context.Context, key string, objSize, off, n int64) ([]byte, error) {
+// readObject appends the bytes [off, off+n) of an object of size objSize to dst, through
+// the cache: missing blocks are fetched with one range GET per contiguous run.
+func (c *coldTier) readObject(ctx context.Context, dst []byte, key string, objSize, off, n int64) ([]byte, error) {
 	if n <= 0 {
-		return nil, nil
+		return dst, nil
 	}
 	b0, b1 := off/coldBlock, (off+n-1)/coldBlock
 	blocks := make([][]byte, b1-b0+1)
@@ -265,16 +265,15 @@ func (c *coldTier) readObject(ctx context.Context, key string, objSize, off, n i
 		}
 		i = j + 1
 	}
-	out := make([]byte, 0, n)
 	for i, blk := range blocks {
 		start := (b0 + int64(i)) * coldBlock
 		lo := max(off-start, 0)
 		hi := min(off+n-start, int64(len(blk)))
 		if lo < hi {
-			out = append(out, blk[lo:hi]...)
+			dst = append(dst, blk[lo:hi]...)
 		}
 	}
-	return out, nil
+	return dst, nil
 }
 
 // openSnapshotBody opens the bytes [off, off+n) of a cold snapshot body (n < 0: to the end).
