@@ -4,7 +4,7 @@ BIN      := bin
 ADDR     ?= 127.0.0.1:4437
 export GOFLAGS := -buildvcs=false
 
-.PHONY: run build test unit vet fmt-check conformance conformance-deps s3-deps bench fuzz clean cluster
+.PHONY: run build test unit vet fmt-check conformance conformance-deps s3-deps bench fuzz clean cluster extension bindings-test
 
 build:
 	$(GO) build -o $(BIN)/ursula ./cmd/ursula
@@ -14,7 +14,15 @@ run: build
 	$(BIN)/ursula server --listen $(ADDR)
 
 ## test: vet, gofmt, unit tests with -race, then the conformance suite
-test: fmt-check vet unit conformance
+test: fmt-check vet unit conformance bindings-test
+
+## extension: the loadable SQLite extension bin/libursula_vfs.so (cgo, -buildmode=c-shared)
+extension:
+	$(GO) build -buildmode=c-shared -o $(BIN)/libursula_vfs.so ./cextension
+
+## bindings-test: the Python and Node bindings on the extension, against a real server each test starts
+bindings-test: build extension
+	cd bindings/python && URSULA_BIN=$(CURDIR)/$(BIN)/ursula URSULA_VFS_EXTENSION=$(CURDIR)/$(BIN)/libursula_vfs.so /usr/bin/python3 -m unittest discover -s tests -v
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './test/conformance/node_modules/*')); \

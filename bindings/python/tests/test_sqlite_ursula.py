@@ -1,0 +1,213 @@
+"""sqlite_ursula against a real server: the ursula binary (URSULA_BIN or the repository's
+bin/ursula, memory engine) on a free port, and the extension (URSULA_VFS_EXTENSION or
+bin/libursula_vfs.so). Run: python3 -m unittest discover -s tests (from bindings/python)."""
+
+import json
+import os
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PKG = os.path.normpath(os.path.join(HERE, ".."))
+REPO = os.path.normpath(os.path.join(PKG, "..", ".."))
+sys.path.insert(0, PKG)
+
+import sqlite_ursula as su  # noqa: E402
+
+URSULA = os.environ.get("URSULA_BIN") or os.path.join(REPO, "bin", "ursula")
+server = None
+BASE = None
+TMP = None
+
+
+def setUpModule():
+    global server, BASE, TMP
+    if not os.path.exists(su.extension_path()):
+        raise unittest.SkipTest("no extension at %s (make extension)" % su.extension_path())
+    TMP = tempfile.mkdtemp(prefix="sqlite-ursula-test")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    server = subprocess.Popen([URSULA, "server", "--engine", "memory", "--listen", "127.0.0.1:%d" % port,
+                               "--data", os.path.join(TMP, "data")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    else:
+        raise RuntimeError("server did not start")
+    BASE = "http://127.0.0.1:%d" % port
+
+
+def tearDownModule():
+    if server:
+        server.kill()
+        server.wait()
+    if TMP:
+        shutil.rmtree(TMP, ignore_errors=True)
+
+
+def child(code, env=None):
+    """Runs code in another Python process with the binding importable."""
+    e = dict(os.environ, **(env or {}))
+    prelude = "import sys, os, json, sqlite3\nsys.path.insert(0, %r)\nimport sqlite_ursula as su\n" % PKG
+    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, env=e, timeout=120)
+
+
+class OpenTest(unittest.TestCase):
+    def test_open_commit_read_export(self):
+        url = BASE + "/pybind/notes"
+        path = os.path.join(TMP, "notes.db")
+        db = su.open(url, path=path)
+        self.assertIsInstance(db, su.Connection)
+        self.assertEqual(db.execute("PRAGMA journal_mode").fetchone()[0], "wal")
+        db.execute("CREATE TABLE notes(id INTEGER PRIMARY KEY, body TEXT)")
+        db.executemany("INSERT INTO notes(body) VALUES (?)", [("n%d" % i,) for i in range(100)])
+        db.commit()
+        # a second connection of this process sees it (WAL, shared memory)
+        other = sqlite3.connect(path)
+        self.assertEqual(other.execute("SELECT count(*) FROM notes").fetchone()[0], 100)
+        other.close()
+        st = su.status(path)
+        self.assertFalse(st["fenced"])
+        self.assertIsNone(st.get("error"))
+        self.assertGreaterEqual(st["commits"], 2)
+        self.assertEqual(su.stats(path)["commits"], st["commits"])
+        out = os.path.join(TMP, "notes-export.db")
+        subprocess.run([URSULA, "export", url, out], check=True, capture_output=True)
+        e = sqlite3.connect(out)
+        self.assertEqual(e.execute("SELECT count(*), group_concat(body) FROM notes").fetchone(),
+                         db.execute("SELECT count(*), group_concat(body) FROM notes").fetchone())
+        e.close()
+        db.close()
+
+    def test_default_path_in_cache_dir(self):
+        cache = os.path.join(TMP, "cache")
+        old = os.environ.get("XDG_CACHE_HOME")
+        os.environ["XDG_CACHE_HOME"] = cache
+        try:
+            url = BASE + "/pybind/Cached"
+            p = su.local_path(url)
+            self.assertEqual(os.path.dirname(p), os.path.join(cache, "sqlite-ursula"))
+            self.assertRegex(os.path.basename(p), r"^pybind-cached-[0-9a-f]{32}\.db$")
+            self.assertEqual(os.stat(os.path.dirname(p)).st_mode & 0o777, 0o700)
+            db = su.open(url)
+            db.execute("CREATE TABLE t(x)")
+            db.commit()
+            self.assertEqual(db.ursula_path, p)
+            self.assertTrue(os.path.exists(p))
+            db.close()
+            ro = su.local_path(url, read_only=True)
+            self.assertTrue(ro.endswith("-ro1.db"), ro)
+        finally:
+            if old is None:
+                del os.environ["XDG_CACHE_HOME"]
+            else:
+                os.environ["XDG_CACHE_HOME"] = old
+
+    def test_read_only(self):
+        url = BASE + "/pybind/ro"
+        w = su.open(url, path=os.path.join(TMP, "ro-owner.db"))
+        w.execute("CREATE TABLE t(x)")
+        w.execute("INSERT INTO t VALUES (1)")
+        w.commit()
+        r = su.open(url, dir=os.path.join(TMP, "ro"), read_only=True)
+        self.assertEqual(r.execute("SELECT count(*) FROM t").fetchone()[0], 1)
+        with self.assertRaises(sqlite3.OperationalError) as cm:
+            r.execute("INSERT INTO t VALUES (2)")
+        self.assertIn("readonly", str(cm.exception))
+        self.assertTrue(su.status(r.ursula_path)["read_only"])
+        r.close()
+        w.close()
+
+    def test_setup_errors(self):
+        with self.assertRaises(su.SetupError) as cm:
+            su.open(BASE + "/pybind/q?x=1", path=os.path.join(TMP, "q.db"))
+        self.assertEqual(cm.exception.kind, "invalid_url")
+        self.assertEqual(cm.exception.action, "fix")
+        with self.assertRaises(su.SetupError) as cm:
+            su.attach(":memory:", BASE + "/pybind/mem")
+        self.assertEqual(cm.exception.kind, "invalid_argument")
+        with self.assertRaises(su.SetupError) as cm:
+            su.status(os.path.join(TMP, "never.db"))
+        self.assertEqual(cm.exception.kind, "not_attached")
+        self.assertIsInstance(cm.exception, sqlite3.Error)
+        su.set_token("secret")
+        su.set_token(None)
+
+    def test_journal_mode_refused(self):
+        db = su.open(BASE + "/pybind/journal", path=os.path.join(TMP, "journal.db"))
+        with self.assertRaises(sqlite3.OperationalError) as cm:
+            db.execute("PRAGMA journal_mode=DELETE")
+        self.assertIn("stays in WAL mode", str(cm.exception))
+        self.assertEqual(db.execute("PRAGMA journal_mode").fetchone()[0], "wal")
+        db.close()
+
+    def test_naming(self):
+        self.assertRegex(su.default_file_name("http://127.0.0.1:4437/demo/notes"), r"^demo-notes-[0-9a-f]{32}\.db$")
+        self.assertEqual(su.canonical_url("HTTP://Ex.COM:80/a/./b/../c/"), "http://ex.com/a/c")
+        self.assertEqual(su.default_file_name("http://u:p@h/x"), su.default_file_name("http://h/x"))
+        self.assertTrue(su.default_file_name("http://h/").startswith("stream-"))
+        self.assertTrue(su.default_file_name("http://h/-a").startswith("_a-"))
+
+
+class FailureTest(unittest.TestCase):
+    def test_refused_commit_fails_alone(self):
+        url = BASE + "/pybind/big"
+        path = os.path.join(TMP, "big.db")
+        # URSULA_VFS_* are read by the Go runtime when the extension loads: another process.
+        r = child("""
+db = su.open(%r, path=%r)
+db.execute("CREATE TABLE t(x)"); db.commit()
+try:
+    db.execute("INSERT INTO t SELECT randomblob(4000) FROM (WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i<200) SELECT i FROM n)")
+    db.commit()
+    print("no error")
+except su.UrsulaError as e:
+    print("error", type(e).__name__, e.kind, e.action, e.sqlite_errorcode)
+db.rollback()
+db.execute("INSERT INTO t VALUES (1)"); db.commit()
+print("rows", db.execute("SELECT count(*) FROM t").fetchone()[0])
+""" % (url, path), env={"URSULA_VFS_MAX_FRAME_BYTES": "65536"})
+        self.assertIn("error WriteRefusedError too_large fix 7178", r.stdout, r.stdout + r.stderr)
+        self.assertIn("rows 1", r.stdout, r.stdout + r.stderr)
+
+    def test_fenced_across_processes(self):
+        url = BASE + "/pybind/fence"
+        db = su.open(url, path=os.path.join(TMP, "fence-1.db"))
+        db.execute("CREATE TABLE t(x)")
+        db.execute("INSERT INTO t VALUES (1)")
+        db.commit()
+        r = child("db = su.open(%r, path=%r)\nprint('other', db.execute('SELECT count(*) FROM t').fetchone()[0])"
+                  % (url, os.path.join(TMP, "fence-2.db")))
+        self.assertIn("other 1", r.stdout, r.stdout + r.stderr)
+        with self.assertRaises(su.FencedError) as cm:
+            db.execute("INSERT INTO t VALUES (2)")
+            db.commit()
+        e = cm.exception
+        self.assertEqual((e.kind, e.action, e.fenced, e.sqlite_errorcode), ("fenced", "stop", True, 7178))
+        self.assertIsInstance(e, su.ReplicationError)
+        try:
+            db.rollback()
+        except sqlite3.Error:
+            pass
+        with self.assertRaises(su.FencedError) as cm:
+            db.execute("SELECT count(*) FROM t").fetchall()
+        self.assertEqual(cm.exception.sqlite_errorcode, 266)
+        self.assertTrue(str(cm.exception).startswith("read refused"), str(cm.exception))
+        self.assertTrue(su.status(db.ursula_path)["fenced"])
+        db.close()
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,315 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ursula-go/ursula/vfs"
+)
+
+// These tests build the extension (-buildmode=c-shared) and the ursula binary into a
+// temp dir, start a real server (memory engine) and drive the extension from the
+// Debian sqlite3 CLI and /usr/bin/python3's sqlite3 module, in separate processes.
+
+type env struct {
+	dir, so, ursula, base string
+}
+
+func need(t *testing.T, bins ...string) {
+	for _, b := range bins {
+		if _, err := exec.LookPath(b); err != nil {
+			t.Skipf("%s not installed", b)
+		}
+	}
+}
+
+var (
+	shared    *env
+	sharedErr error
+	setupOnce sync.Once
+	stopSrv   func()
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if stopSrv != nil {
+		stopSrv()
+	}
+	if shared != nil {
+		os.RemoveAll(shared.dir)
+	}
+	os.Exit(code)
+}
+
+// setup builds the extension and ursula once per test binary and starts one server;
+// each test uses its own streams and files.
+func setup(t *testing.T) *env {
+	t.Helper()
+	need(t, "sqlite3", "/usr/bin/python3")
+	setupOnce.Do(func() { shared, sharedErr = build() })
+	if sharedErr != nil {
+		t.Fatal(sharedErr)
+	}
+	e := *shared
+	e.dir = t.TempDir()
+	return &e
+}
+
+func build() (*env, error) {
+	dir, err := os.MkdirTemp("", "cextension-test")
+	if err != nil {
+		return nil, err
+	}
+	e := &env{dir: dir, so: filepath.Join(dir, "libursula_vfs.so"), ursula: filepath.Join(dir, "ursula")}
+	if p := os.Getenv("URSULA_VFS_EXTENSION"); p != "" {
+		e.so = p // prebuilt by make extension
+	} else if out, err := runErr("", nil, "go", "build", "-buildmode=c-shared", "-o", e.so, "."); err != nil {
+		return e, fmt.Errorf("building the extension: %v\n%s", err, out)
+	}
+	if out, err := runErr("", nil, "go", "build", "-o", e.ursula, "../cmd/ursula"); err != nil {
+		return e, fmt.Errorf("building ursula: %v\n%s", err, out)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return e, err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	srv := exec.Command(e.ursula, "server", "--engine", "memory", "--listen", addr, "--data", filepath.Join(dir, "data"))
+	if err := srv.Start(); err != nil {
+		return e, err
+	}
+	stopSrv = func() { srv.Process.Kill(); srv.Wait() }
+	for i := 0; ; i++ {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			break
+		}
+		if i > 200 {
+			return e, fmt.Errorf("server did not start on %s", addr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	e.base = "http://" + addr
+	return e, nil
+}
+
+func run(t *testing.T, stdin string, extraEnv []string, name string, args ...string) string {
+	t.Helper()
+	out, err := runErr(stdin, extraEnv, name, args...)
+	if err != nil {
+		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+	}
+	return out
+}
+
+func runErr(stdin string, extraEnv []string, name string, args ...string) (string, error) {
+	cmd := exec.Command(name, args...)
+	cmd.Stdin = strings.NewReader(stdin)
+	cmd.Env = append(os.Environ(), extraEnv...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+// sqliteRows runs SQL with the plain sqlite3 CLI (no extension) and returns its output.
+func sqliteRows(t *testing.T, db, sql string) string {
+	t.Helper()
+	return strings.TrimSpace(run(t, "", nil, "sqlite3", db, sql))
+}
+
+// TestCLI: .load without naming the entry point, attach, WAL + 4 KiB enforced, commits,
+// a refused journal mode, and a fresh-host export equal to the local file's rows.
+func TestCLI(t *testing.T) {
+	e := setup(t)
+	db := filepath.Join(e.dir, "cli.db")
+	url := e.base + "/clitest/notes"
+	script := fmt.Sprintf(`.bail off
+.load %s
+SELECT 'offset=' || ursula_attach('%s', '%s');
+.open %s
+SELECT 'mode=' || (SELECT journal_mode FROM pragma_journal_mode) || ' page=' || (SELECT page_size FROM pragma_page_size);
+CREATE TABLE notes(id INTEGER PRIMARY KEY, body TEXT);
+INSERT INTO notes(body) VALUES ('one'), ('two');
+BEGIN; INSERT INTO notes(body) SELECT 'bulk ' || value FROM generate_series(1, 500); COMMIT;
+PRAGMA journal_mode=DELETE;
+SELECT 'rows=' || count(*) FROM notes;
+SELECT 'commits=' || json_extract(ursula_status('%s'), '$.commits');
+`, strings.TrimSuffix(e.so, ".so"), db, url, db, db)
+	out, _ := runErr(script, nil, "sqlite3")
+	for _, want := range []string{"offset=0000", "mode=wal page=4096", "rows=502", "commits=3",
+		"PRAGMA journal_mode=DELETE refused: a replicated database stays in WAL mode"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("missing %q in:\n%s", want, out)
+		}
+	}
+	exp := filepath.Join(e.dir, "export.db")
+	run(t, "", nil, e.ursula, "export", url, exp)
+	if got, want := sqliteRows(t, exp, "SELECT count(*), sum(length(body)) FROM notes"), sqliteRows(t, db, "SELECT count(*), sum(length(body)) FROM notes"); got != want || got == "" {
+		t.Fatalf("export %q, local %q", got, want)
+	}
+	if got := sqliteRows(t, exp, "PRAGMA integrity_check"); got != "ok" {
+		t.Fatal(got)
+	}
+}
+
+const pyPrelude = `
+import sqlite3, sys, os, json
+SO, BASE, DIR = sys.argv[1], sys.argv[2], sys.argv[3]
+loader = sqlite3.connect(":memory:", isolation_level=None)
+loader.enable_load_extension(True)
+loader.load_extension(SO)
+def q(sql, *a):
+    return loader.execute(sql, a).fetchone()[0]
+def code(fn):
+    try:
+        fn()
+    except sqlite3.Error as e:
+        return e.sqlite_errorcode, str(e)
+    return 0, ""
+`
+
+func python(t *testing.T, e *env, extraEnv []string, script string) string {
+	t.Helper()
+	return run(t, "", extraEnv, "/usr/bin/python3", "-c", pyPrelude+script, e.so, e.base, e.dir)
+}
+
+// TestPythonConnectionsAndFencing: several connections of one process in WAL mode see
+// each other's commits; a second process attaching the stream at another path fences
+// the first, whose next commit fails with 7178 and whose reads fail with 266, on a warm
+// connection and a fresh one; the fenced file is usable again after a re-attach.
+func TestPythonConnectionsAndFencing(t *testing.T) {
+	e := setup(t)
+	out := python(t, e, nil, `
+import subprocess
+url = BASE + "/pytest/fence"
+p1 = os.path.join(DIR, "first.db")
+q("SELECT ursula_attach(?, ?)", p1, url)
+a = sqlite3.connect(p1, isolation_level=None)
+b = sqlite3.connect(p1, isolation_level=None)
+a.execute("CREATE TABLE t(x)")
+for i in range(20):
+    (a if i % 2 else b).execute("INSERT INTO t VALUES (?)", (i,))
+print("mode", a.execute("PRAGMA journal_mode").fetchone()[0])
+print("seen", b.execute("SELECT count(*) FROM t").fetchone()[0])
+# another process takes the stream over at another path
+p2 = os.path.join(DIR, "second.db")
+other = "import sqlite3,sys\nl=sqlite3.connect(':memory:')\nl.enable_load_extension(True)\nl.load_extension(sys.argv[1])\nl.execute('SELECT ursula_attach(?,?)',(sys.argv[2],sys.argv[3]))\nc=sqlite3.connect(sys.argv[2])\nprint('other', c.execute('SELECT count(*) FROM t').fetchone()[0])\n"
+print(subprocess.run([sys.executable, "-c", other, SO, p2, url], capture_output=True, text=True).stdout.strip())
+print("commit", *code(lambda: a.execute("INSERT INTO t VALUES (99)")))
+print("read", *code(lambda: b.execute("SELECT count(*) FROM t").fetchone()))
+print("fresh", *code(lambda: sqlite3.connect(p1).execute("SELECT count(*) FROM t").fetchone()))
+st = json.loads(q("SELECT ursula_status(?)", p1))
+print("status", st["fenced"], st["error"]["kind"], st["error"]["action"])
+print("busy", *code(lambda: q("SELECT ursula_attach(?, ?)", p1, url)))
+a.close(); b.close()
+q("SELECT ursula_attach(?, ?)", p1, url)
+c = sqlite3.connect(p1, isolation_level=None)
+c.execute("INSERT INTO t VALUES (100)")
+print("again", c.execute("SELECT count(*) FROM t").fetchone()[0])
+`)
+	for _, want := range []string{"mode wal", "seen 20", "other 20",
+		"commit 7178", "read 266", "fresh 266", "status True fenced stop",
+		"busy 1 ursula_attach: in_use:", "again 21"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("missing %q in:\n%s", want, out)
+		}
+	}
+}
+
+// TestPythonRefusedCommit: a transaction over URSULA_VFS_MAX_FRAME_BYTES fails alone
+// with SQLITE_IOERR_AUTH (7178), nothing of it stays, and the file stays usable.
+func TestPythonRefusedCommit(t *testing.T) {
+	e := setup(t)
+	out := python(t, e, []string{"URSULA_VFS_MAX_FRAME_BYTES=65536"}, `
+url = BASE + "/pytest/big"
+p = os.path.join(DIR, "big.db")
+q("SELECT ursula_attach(?, ?)", p, url)
+c = sqlite3.connect(p, isolation_level=None)
+c.execute("CREATE TABLE t(x)")
+c.execute("INSERT INTO t VALUES ('small')")
+def big():
+    c.execute("BEGIN")
+    c.execute("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i<200) INSERT INTO t SELECT randomblob(4000) FROM n")
+    c.execute("COMMIT")
+print("big", *code(big))
+if c.in_transaction:
+    c.execute("ROLLBACK")
+st = json.loads(q("SELECT ursula_status(?)", p))
+print("status", st["fenced"], st["poisoned"], st["error"]["kind"])
+print("rows", c.execute("SELECT count(*) FROM t").fetchone()[0])
+c.execute("INSERT INTO t VALUES ('after')")
+print("rows", c.execute("SELECT count(*) FROM t").fetchone()[0])
+ro = json.loads(q("SELECT ursula_stats(?)", p))
+print("stats", ro["commits"])
+`)
+	for _, want := range []string{"big 7178", "status False False too_large", "rows 1", "rows 2", "stats 3"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("missing %q in:\n%s", want, out)
+		}
+	}
+}
+
+// TestPythonReadOnlyAndErrors: a read-only attach reads and refuses writes with
+// SQLITE_READONLY; errors read "<function>: <kind>: <message>".
+func TestPythonReadOnlyAndErrors(t *testing.T) {
+	e := setup(t)
+	out := python(t, e, nil, `
+url = BASE + "/pytest/ro"
+p = os.path.join(DIR, "owner.db")
+q("SELECT ursula_attach(?, ?)", p, url)
+c = sqlite3.connect(p, isolation_level=None)
+c.execute("CREATE TABLE t(x)"); c.execute("INSERT INTO t VALUES (1)")
+r = os.path.join(DIR, "reader.db")
+print("ro", q("SELECT ursula_attach(?, ?, 'read_only')", r, url) == q("SELECT json_extract(ursula_status(?), '$.offset')", p) or "offsets")
+rc = sqlite3.connect("file:" + r + "?mode=ro", uri=True, isolation_level=None)
+print("rows", rc.execute("SELECT count(*) FROM t").fetchone()[0])
+rw = sqlite3.connect(r, isolation_level=None)
+print("write", *code(lambda: rw.execute("INSERT INTO t VALUES (2)")))
+print("badurl", *code(lambda: q("SELECT ursula_attach(?, ?)", os.path.join(DIR, "x.db"), url + "?a=b")))
+print("mem", *code(lambda: q("SELECT ursula_attach(':memory:', ?)", url)))
+print("other", *code(lambda: q("SELECT ursula_attach(?, ?)", p, url + "2")))
+print("notatt", *code(lambda: q("SELECT ursula_status(?)", os.path.join(DIR, "none.db"))))
+q("SELECT ursula_set_token('secret')"); q("SELECT ursula_set_token(NULL)")
+print("token ok")
+`)
+	for _, want := range []string{"rows 1", "write 8 ", "badurl 1 ursula_attach: invalid_url:",
+		"mem 1 ursula_attach: invalid_argument:", "other 1 ursula_attach: other_stream:",
+		"notatt 1 ursula_status: not_attached:", "token ok"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("missing %q in:\n%s", want, out)
+		}
+	}
+}
+
+// TestPythonNamingMatchesGo: the Python binding names local files exactly as
+// vfs.DefaultFileName does.
+func TestPythonNamingMatchesGo(t *testing.T) {
+	need(t, "/usr/bin/python3")
+	urls := []string{"http://127.0.0.1:4437/demo/notes", "HTTP://Example.COM:80/a/b/../c/", "https://h:443/x%2fy/Z%20z",
+		"http://user:pw@h:8080/one", "http://h/", "http://h/-lead/%E2%9C%93ok", "http://h/a/./b//c%7e"}
+	var script strings.Builder
+	script.WriteString("import sys\nsys.path.insert(0, '../bindings/python')\nimport sqlite_ursula as su\n")
+	for _, u := range urls {
+		fmt.Fprintf(&script, "print(su.default_file_name(%q))\n", u)
+	}
+	got := strings.Fields(run(t, "", nil, "/usr/bin/python3", "-c", script.String()))
+	for i, u := range urls {
+		want, err := vfs.DefaultFileName(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i >= len(got) || got[i] != want {
+			t.Errorf("%s: python %v, go %s", u, got, want)
+		}
+	}
+}
