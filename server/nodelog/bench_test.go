@@ -41,7 +41,7 @@ func benchStoreLogs(b *testing.B, mode FsyncMode, groups int) {
 	start := l.Stats()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	var totalLatency time.Duration
+	var totalLatency, maxLatency time.Duration
 	b.ResetTimer()
 	for g := 0; g < groups; g++ {
 		n := b.N / groups
@@ -53,7 +53,7 @@ func benchStoreLogs(b *testing.B, mode FsyncMode, groups int) {
 			defer wg.Done()
 			e := &raft.Log{Term: 1, Data: data}
 			logs := []*raft.Log{e}
-			var lat time.Duration
+			var lat, worst time.Duration
 			for i := 1; i <= n; i++ {
 				e.Index = uint64(i)
 				t0 := time.Now()
@@ -61,7 +61,9 @@ func benchStoreLogs(b *testing.B, mode FsyncMode, groups int) {
 					b.Error(err)
 					return
 				}
-				lat += time.Since(t0)
+				d := time.Since(t0)
+				lat += d
+				worst = max(worst, d)
 				if i%1024 == 0 {
 					if err := s.DeleteRange(1, uint64(i-256)); err != nil {
 						b.Error(err)
@@ -71,6 +73,7 @@ func benchStoreLogs(b *testing.B, mode FsyncMode, groups int) {
 			}
 			mu.Lock()
 			totalLatency += lat
+			maxLatency = max(maxLatency, worst)
 			mu.Unlock()
 		}(l.Group(uint64(g+1)), n)
 	}
@@ -79,6 +82,7 @@ func benchStoreLogs(b *testing.B, mode FsyncMode, groups int) {
 	st := l.Stats()
 	calls := float64(b.N)
 	b.ReportMetric(float64(totalLatency.Microseconds())/calls, "us/call")
+	b.ReportMetric(float64(maxLatency.Microseconds()), "max-us/call")
 	b.ReportMetric(float64(st.Writes-start.Writes)/calls, "writes/call")
 	b.ReportMetric(float64(st.Fsyncs-start.Fsyncs)/calls, "fsyncs/call")
 }

@@ -8,6 +8,7 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -120,6 +121,8 @@ type segment struct {
 	id   uint64
 	f    *os.File
 	size int64
+	// flushedTo is where startWriteback last stopped (flusher only).
+	flushedTo int64
 	// base is the size right after the header and stable checkpoint: a
 	// segment is only sealed once it holds more than that, so a checkpoint
 	// bigger than SegmentBytes cannot make the journal roll forever.
@@ -149,6 +152,9 @@ type Log struct {
 	failed  error // sticky: a write or fsync error ends the journal
 	done    chan struct{}
 
+	reap   chan []*segment // purged segments for the reaper, oldest first
+	reaped chan struct{}   // closed when the reaper has finished
+
 	// Owned by the flusher goroutine (and by Open before it starts).
 	active    *segment
 	batch     []byte
@@ -158,6 +164,7 @@ type Log struct {
 
 	stats struct {
 		writes, fsyncs, records, requests, purged, copied atomic.Uint64
+		queuedPurge                                       atomic.Uint64 // segments handed to the reaper
 	}
 	recovery Stats
 }
@@ -198,6 +205,8 @@ func Open(dir string, opt Options) (*Log, error) {
 		groups: make(map[uint64]*groupState),
 		segs:   make(map[uint64]*segment),
 		done:   make(chan struct{}),
+		reap:   make(chan []*segment, 64),
+		reaped: make(chan struct{}),
 	}
 	if l.logf == nil {
 		l.logf = log.Printf
@@ -221,6 +230,7 @@ func Open(dir string, opt Options) (*Log, error) {
 		return nil, err
 	}
 	l.recovery.RecoveryDuration = time.Since(start)
+	go l.reaper()
 	l.purge()
 	go l.flusher()
 	return l, nil
@@ -325,6 +335,10 @@ func (l *Log) recover() error {
 	}
 	return nil
 }
+
+// writebackBytes is how much unsynced data the active segment may gather
+// before the flusher starts its write-back (see startWriteback).
+const writebackBytes = 4 << 20
 
 // replayWindow is the read size of recovery: segments are streamed through
 // one reused buffer (grown only for a frame larger than it), which keeps
@@ -768,6 +782,10 @@ func (l *Log) flushPending() error {
 	l.segMu.Lock()
 	seg.size += int64(len(l.batch))
 	l.segMu.Unlock()
+	if seg.size-seg.flushedTo >= writebackBytes {
+		startWriteback(seg.f, seg.flushedTo, seg.size-seg.flushedTo)
+		seg.flushedTo = seg.size
+	}
 	for _, p := range l.pending {
 		b := l.batch[p.pos : p.pos+p.n]
 		f := frame{typ: b[6], group: leUint64(b[12:]), payload: b[frameHeaderSize:]}
@@ -825,17 +843,28 @@ func (l *Log) purge() {
 		return
 	}
 	// Oldest first: a crash in the middle leaves a contiguous sequence.
-	for i := len(victims) - 1; i >= 0; i-- {
-		s := victims[i]
-		s.f.Close()
-		if err := os.Remove(filepath.Join(l.dir, segName(s.id))); err != nil {
-			l.logf("nodelog: purge %s: %v", segName(s.id), err)
-			continue
+	slices.Reverse(victims)
+	l.stats.queuedPurge.Add(uint64(len(victims)))
+	l.reap <- victims
+}
+
+// reaper deletes purged segment files, in order, off the flusher's path:
+// unlinking a big file and syncing the directory can take tens of
+// milliseconds, which every writer would otherwise wait for.
+func (l *Log) reaper() {
+	defer close(l.reaped)
+	for victims := range l.reap {
+		for _, s := range victims {
+			s.f.Close()
+			if err := os.Remove(filepath.Join(l.dir, segName(s.id))); err != nil {
+				l.logf("nodelog: purge %s: %v", segName(s.id), err)
+				continue
+			}
+			l.stats.purged.Add(1)
 		}
-		l.stats.purged.Add(1)
-	}
-	if err := syncDir(l.dir); err != nil {
-		l.logf("nodelog: purge: %v", err)
+		if err := syncDir(l.dir); err != nil {
+			l.logf("nodelog: purge: %v", err)
+		}
 	}
 }
 
@@ -852,6 +881,8 @@ func (l *Log) Close() error {
 	l.qcond.Signal()
 	l.qmu.Unlock()
 	<-l.done
+	close(l.reap)
+	<-l.reaped
 	err := l.failed // a failed journal reports why on Close too
 	if err == nil {
 		// The shutdown record tells the next Open that nothing was lost.

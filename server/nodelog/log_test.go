@@ -115,6 +115,17 @@ func checkGroup(t testing.TB, s *GroupStore, first, last, term uint64) {
 	}
 }
 
+// settle waits until the reaper has deleted every purged segment file.
+func settle(t testing.TB, l *Log) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); l.stats.purged.Load() < l.stats.queuedPurge.Load(); {
+		if time.Now().After(deadline) {
+			t.Fatal("purged segments were not deleted")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 func segFiles(t testing.TB, dir string) []string {
 	t.Helper()
 	m, err := filepath.Glob(filepath.Join(dir, "*.seg"))
@@ -268,6 +279,7 @@ func TestDeleteRangeAndPurge(t *testing.T) {
 	if err := a.DeleteRange(1, 350); err != nil {
 		t.Fatal(err)
 	}
+	settle(t, l)
 	if n := len(segFiles(t, dir)); n != before {
 		t.Fatalf("purged with group 2 still holding segment 1: %d -> %d", before, n)
 	}
@@ -277,6 +289,7 @@ func TestDeleteRangeAndPurge(t *testing.T) {
 	if err := b.DeleteRange(1, 350); err != nil {
 		t.Fatal(err)
 	}
+	settle(t, l)
 	after := len(segFiles(t, dir))
 	if after >= before-2 {
 		t.Fatalf("prefix deletes purged too little: %d -> %d segments", before, after)
@@ -319,6 +332,7 @@ func TestDeleteRangeAndPurge(t *testing.T) {
 	if err := b.DeleteRange(351, 390); err != nil {
 		t.Fatal(err)
 	}
+	settle(t, l)
 	if n := len(segFiles(t, dir)); n != 1 {
 		t.Fatalf("%d segments left after deleting everything", n)
 	}
@@ -369,6 +383,7 @@ func TestStableValues(t *testing.T) {
 	if err := data.DeleteRange(1, 600); err != nil {
 		t.Fatal(err)
 	}
+	settle(t, l)
 	st := l.Stats()
 	if st.PurgedSegments == 0 || st.Segments != 1 {
 		t.Fatalf("expected purge down to one segment: %+v", st)

@@ -252,6 +252,7 @@ func TestRaftClusterOnNodeLog(t *testing.T) {
 	}
 	purged := uint64(0)
 	for _, nd := range nodes {
+		settle(t, nd.log)
 		purged += nd.log.Stats().PurgedSegments
 	}
 	if purged == 0 {
