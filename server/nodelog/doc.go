@@ -15,7 +15,10 @@
 // order and only then returns to the callers (group commit). With
 // FsyncNever an append is acknowledged from the page cache (it survives
 // kill -9, not a host crash); with FsyncAlways after fsync. Stable-store
-// writes (terms, votes) are fsynced in both modes. A write or fsync error is
+// writes (terms, votes) are fsynced in both modes. Under FsyncNever the
+// flusher starts the kernel's write-back every 4 MiB (sync_file_range on
+// Linux), so sealing a segment does not stall writers behind 64 MiB of dirty
+// pages. A write or fsync error is
 // sticky: every later call fails (retrying fsync is not safe); the next Open
 // keeps the verified prefix.
 //
@@ -85,7 +88,8 @@
 // directory too, before anything else goes into the new segment. Because of
 // the checkpoint, stable values never pin old segments: a segment is deleted
 // as soon as it is not the active one and no group's oldest live entry is in
-// it or before it. Only the oldest segments are deleted, so the remaining
+// it or before it (the unlink and directory sync run in a background
+// goroutine, in order). Only the oldest segments are deleted, so the remaining
 // sequence is always contiguous, and replaying it yields for every group a
 // contiguous suffix of its history.
 //
