@@ -88,7 +88,13 @@ func TestFollowerAnswers(t *testing.T) {
 	if res, body, _ := httpDo(http.MethodPost, F.url+"/__ursula/raft/drain", nil, nil); res.StatusCode != 200 {
 		t.Fatalf("drain: %d %s", res.StatusCode, body)
 	}
-	if st, _ := F.status(); st.Leading != 0 {
-		t.Fatalf("node %d still leads %d groups after drain", F.id, st.Leading)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		st, _ := F.status()
+		if st.Leading == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %d still leads %d groups after drain", F.id, st.Leading)
+		}
 	}
 }
