@@ -449,6 +449,9 @@ func (g *group) readIndex(ctx context.Context) error {
 	return nil
 }
 
+// maxApplyLag is how many committed entries a ready follower may trail by.
+const maxApplyLag = 1024
+
 // Ready implements server.RaftAdmin: every group knows a leader and has applied what it
 // knows to be committed (a leader after its term's barrier).
 func (e *Engine) Ready() (bool, string) {
@@ -462,8 +465,19 @@ func (e *Engine) Ready() (bool, string) {
 				g.kickBarrier()
 				return false, fmt.Sprintf("group %d: leader has not applied its term's barrier", g.id)
 			}
-		} else if g.r.AppliedIndex() < g.r.CommitIndex() {
-			return false, fmt.Sprintf("group %d is applying committed entries", g.id)
+		} else {
+			// A follower is ready once it has applied everything it knew to be committed
+			// (after a start or restore), and stays ready under write load unless it falls
+			// far behind (apply_lag).
+			applied, commit := g.r.AppliedIndex(), g.r.CommitIndex()
+			if !g.caughtUp.Load() {
+				if applied < commit {
+					return false, fmt.Sprintf("group %d is applying committed entries", g.id)
+				}
+				g.caughtUp.Store(true)
+			} else if commit > applied+maxApplyLag {
+				return false, fmt.Sprintf("group %d apply lag %d entries", g.id, commit-applied)
+			}
 		}
 	}
 	return true, ""

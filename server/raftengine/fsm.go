@@ -40,6 +40,7 @@ type group struct {
 	applied        atomic.Uint64 // last log index the FSM applied
 	barrierTerm    atomic.Uint64 // term whose barrier this leader has applied
 	barrierRunning atomic.Bool
+	caughtUp       atomic.Bool // a follower applied all it knew committed once (readiness)
 }
 
 // Apply implements raft.FSM.
