@@ -82,6 +82,8 @@ type coldTier struct {
 	pinsMu sync.Mutex
 	pins   map[string]int
 	stop   chan struct{}
+	ctx    context.Context // canceled by StopCold: ends uploads in flight
+	cancel context.CancelFunc
 	flush  sync.Mutex // one flush pass at a time
 	wg     sync.WaitGroup
 	once   sync.Once
@@ -118,6 +120,7 @@ func (s *Server) EnableCold(store coldstore.Store, cfg coldstore.Config, opts Co
 	}
 	c := &coldTier{store: store, cfg: cfg, opts: opts, eng: ce, root: root + s.cfg.ClusterID + "/",
 		cache: newColdCache(int64(cfg.CacheSize)), pins: map[string]int{}, stop: make(chan struct{})}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
 	s.cold = c
 	c.wg.Add(2)
 	go func() { defer c.wg.Done(); s.flushLoop(c) }()
@@ -128,7 +131,7 @@ func (s *Server) EnableCold(store coldstore.Store, cfg coldstore.Config, opts Co
 // StopCold stops the flusher and the collector and waits for them.
 func (s *Server) StopCold() {
 	if c := s.cold; c != nil {
-		c.once.Do(func() { close(c.stop) })
+		c.once.Do(func() { close(c.stop); c.cancel() })
 		c.wg.Wait()
 	}
 }

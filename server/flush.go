@@ -79,8 +79,8 @@ func (s *Server) flushOnce(c *coldTier, all bool, only string) error {
 		groups, all = []int{c.eng.GroupOf(only)}, true
 	}
 	for _, g := range groups {
-		hot := uint64(max(c.eng.GroupHotBytes(g), 0))
-		if hot == 0 || !all && hot < size {
+		hot := c.eng.GroupHotBytes(g)
+		if hot <= 0 || !all && hot < int64(size) {
 			continue
 		}
 		streams := c.eng.HotStreams(g)
@@ -101,7 +101,7 @@ func (s *Server) flushOnce(c *coldTier, all bool, only string) error {
 			for from+size <= hs.Tail {
 				ps = append(ps, &flushPiece{hs: hs, start: from, end: from + size})
 				from += size
-				left -= size
+				left -= int64(size)
 			}
 			if from < hs.Tail {
 				rest = append(rest, HotStream{Key: hs.Key, Incarnation: hs.Incarnation, HotStart: from, Tail: hs.Tail})
@@ -111,11 +111,11 @@ func (s *Server) flushOnce(c *coldTier, all bool, only string) error {
 			}
 		}
 		for _, hs := range rest { // partial tails, biggest first, while still over
-			if !all && left < size/2 {
+			if !all && left < int64(size/2) {
 				break
 			}
 			p := &flushPiece{hs: hs, start: hs.HotStart, end: hs.Tail}
-			left -= p.end - p.start
+			left -= int64(p.end - p.start)
 			attached := false
 			for i, ps := range plan {
 				if ps[0].hs.Key == hs.Key {
@@ -184,7 +184,7 @@ func (s *Server) uploadPiece(c *coldTier, p *flushPiece) error {
 	if !ok {
 		return errStreamMoved
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(c.ctx, 2*time.Minute)
 	defer cancel()
 	err := c.store.Put(ctx, p.key, newSlicesReader(data), int64(p.end-p.start))
 	runtime.KeepAlive(pin) // the blocks behind data stay mapped until the upload is done
