@@ -85,8 +85,10 @@ type coldTier struct {
 	ctx    context.Context // canceled by StopCold: ends uploads in flight
 	cancel context.CancelFunc
 	flush  sync.Mutex // one flush pass at a time
-	wg     sync.WaitGroup
-	once   sync.Once
+	// hotMarks (under flush): per stream, since when its hot start has not moved.
+	hotMarks map[string]hotMark
+	wg       sync.WaitGroup
+	once     sync.Once
 
 	flushedBytes   atomic.Uint64
 	flushedObjects atomic.Uint64

@@ -33,6 +33,7 @@ type coldSetup struct {
 	flushSize, hotCap int64
 	grace             time.Duration
 	cacheSize         int64
+	maxHotAge         time.Duration
 }
 
 func newColdEnv(t *testing.T, backend string, cs coldSetup) *coldEnv {
@@ -57,6 +58,10 @@ func newColdEnv(t *testing.T, backend string, cs coldSetup) *coldEnv {
 		GCInterval: coldstore.Duration(50 * time.Millisecond), GCGrace: coldstore.Duration(cs.grace)}
 	if backend == "s3" {
 		cfg.S3 = env.gw.Config("cold-test")
+	}
+	if cs.maxHotAge > 0 {
+		a := coldstore.Duration(cs.maxHotAge)
+		cfg.FlushMaxHotAge = &a
 	}
 	if cs.grace == 0 {
 		cfg.GCGrace = coldstore.Duration(time.Hour)
@@ -620,4 +625,18 @@ func TestColdFlushEndpoint(t *testing.T) {
 	if res, _ := coldDo(t, "POST", env.url("/__ursula/flush-cold/bkt1/nope"), nil); res.StatusCode != 404 {
 		t.Fatalf("missing stream: %d", res.StatusCode)
 	}
+}
+
+// TestColdMaxHotAge: a small stream below every threshold is flushed once its hot tail
+// is older than flush_max_hot_age.
+func TestColdMaxHotAge(t *testing.T) {
+	env := newColdEnv(t, "fs", coldSetup{flushSize: 1 << 20, hotCap: 4 << 20, maxHotAge: 200 * time.Millisecond})
+	env.create("/bkt1/aged", "application/octet-stream")
+	env.appendAll("/bkt1/aged", 0, 1000, 1000)
+	for deadline := time.Now().Add(30 * time.Second); env.hotStart("bkt1/aged") != 1000; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the aged tail was never flushed")
+		}
+	}
+	env.readFrom("/bkt1/aged", "-1", 0, 1000)
 }

@@ -78,9 +78,18 @@ func (s *Server) flushOnce(c *coldTier, all bool, only string) error {
 	if only != "" {
 		groups, all = []int{c.eng.GroupOf(only)}, true
 	}
+	maxAge := c.cfg.MaxHotAge()
+	now := time.Now()
+	seen := map[string]bool{}
 	for _, g := range groups {
 		hot := c.eng.GroupHotBytes(g)
-		if hot <= 0 || !all && hot < int64(size) {
+		if hot <= 0 {
+			continue
+		}
+		if !all && hot < int64(size) {
+			if maxAge > 0 {
+				plan = append(plan, c.agedTails(g, size, maxAge, now, seen)...)
+			}
 			continue
 		}
 		streams := c.eng.HotStreams(g)
@@ -125,6 +134,13 @@ func (s *Server) flushOnce(c *coldTier, all bool, only string) error {
 			}
 			if !attached {
 				plan = append(plan, []*flushPiece{p})
+			}
+		}
+	}
+	if only == "" && !all {
+		for k := range c.hotMarks {
+			if !seen[k] {
+				delete(c.hotMarks, k)
 			}
 		}
 	}
@@ -259,4 +275,37 @@ func (r *slicesReader) Seek(offset int64, whence int) (int64, error) {
 	}
 	r.off = offset
 	return offset, nil
+}
+
+// hotMark remembers since when a stream's hot start has not moved.
+type hotMark struct {
+	inc, start uint64
+	since      time.Time
+}
+
+// agedTails plans whole-tail flushes of the streams of a group below the threshold whose
+// hot start has not moved for maxAge (storage.cold.flush_max_hot_age). The caller holds
+// c.flush.
+func (c *coldTier) agedTails(g int, size uint64, maxAge time.Duration, now time.Time, seen map[string]bool) [][]*flushPiece {
+	if c.hotMarks == nil {
+		c.hotMarks = map[string]hotMark{}
+	}
+	var plan [][]*flushPiece
+	for _, hs := range c.eng.HotStreams(g) {
+		seen[hs.Key] = true
+		m, ok := c.hotMarks[hs.Key]
+		if !ok || m.inc != hs.Incarnation || m.start != hs.HotStart {
+			c.hotMarks[hs.Key] = hotMark{inc: hs.Incarnation, start: hs.HotStart, since: now}
+			continue
+		}
+		if now.Sub(m.since) < maxAge {
+			continue
+		}
+		var ps []*flushPiece
+		for from := hs.HotStart; from < hs.Tail; from += size {
+			ps = append(ps, &flushPiece{hs: hs, start: from, end: min(from+size, hs.Tail)})
+		}
+		plan = append(plan, ps)
+	}
+	return plan
 }

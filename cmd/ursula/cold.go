@@ -19,6 +19,7 @@ import (
 //	flush_interval = "1s"
 //	flush_size = "8MiB"            # per-group flush threshold and chunk object size
 //	flush_max_concurrency = 4
+//	flush_max_hot_age = "5m"       # flush a stream whose hot tail is this old; "0s" disables
 //	max_hot_size_per_group = "64MiB"   # 503 ColdBackpressure above it; 0 disables
 //	cache_size = "64MiB"           # LRU of recently read cold blocks
 //	gc_interval = "1m"

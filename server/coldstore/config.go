@@ -22,6 +22,9 @@ type Config struct {
 	// FlushSize is the hot bytes per group that start a flush, and the target (maximum)
 	// size of one chunk object (default 8MiB).
 	FlushSize Size `toml:"flush_size"`
+	// FlushMaxHotAge: a stream whose hot start has not moved for this long is flushed
+	// whole even when its group is below flush_size (default 5m; "0s" disables).
+	FlushMaxHotAge *Duration `toml:"flush_max_hot_age"`
 	// FlushMaxConcurrency bounds parallel chunk uploads (default 4).
 	FlushMaxConcurrency int `toml:"flush_max_concurrency"`
 	// MaxHotSizePerGroup: above it, appends and creates with a body answer 503
@@ -65,6 +68,7 @@ const (
 	DefaultFlushInterval       = time.Second
 	DefaultFlushSize           = 8 << 20
 	DefaultFlushMaxConcurrency = 4
+	DefaultFlushMaxHotAge      = 5 * time.Minute
 	DefaultMaxHotSizePerGroup  = 64 << 20
 	DefaultCacheSize           = 64 << 20
 	DefaultGCInterval          = time.Minute
@@ -81,6 +85,14 @@ func (c *Config) HotCap() int64 {
 		return DefaultMaxHotSizePerGroup
 	}
 	return int64(*c.MaxHotSizePerGroup)
+}
+
+// MaxHotAge is flush_max_hot_age (0 = disabled).
+func (c *Config) MaxHotAge() time.Duration {
+	if c.FlushMaxHotAge == nil {
+		return DefaultFlushMaxHotAge
+	}
+	return c.FlushMaxHotAge.D()
 }
 
 // WithDefaults returns c with every zero field set to its default.
