@@ -231,7 +231,12 @@ func Open(dir string, opt Options) (*Log, error) {
 	}
 	l.recovery.RecoveryDuration = time.Since(start)
 	go l.reaper()
-	l.purge()
+	if err := l.purge(); err != nil {
+		close(l.reap)
+		<-l.reaped
+		l.closeFiles()
+		return nil, err
+	}
 	go l.flusher()
 	return l, nil
 }
@@ -641,7 +646,7 @@ func (l *Log) writeBatch(reqs []*request) error {
 	}
 	if l.needPurge {
 		l.needPurge = false
-		l.purge()
+		return l.purge()
 	}
 	return nil
 }
@@ -817,7 +822,7 @@ func (l *Log) roll() error {
 // purge deletes the oldest segments that no group needs any more. Only a
 // prefix of the sequence is ever deleted, so replay always sees, for every
 // group, a contiguous suffix of its history.
-func (l *Log) purge() {
+func (l *Log) purge() error {
 	minNeeded := l.active.id
 	l.groupsMu.RLock()
 	for _, g := range l.groups {
@@ -840,12 +845,25 @@ func (l *Log) purge() {
 	}
 	l.segMu.Unlock()
 	if len(victims) == 0 {
-		return
+		return nil
 	}
+	// The records that made these segments dead (prefix deletes, copies)
+	// must be durable before the files go, or a host crash could leave a
+	// state that no sequence of acknowledged operations produced.
+	if err := l.active.f.Sync(); err != nil {
+		l.segMu.Lock()
+		for _, s := range victims {
+			l.segs[s.id] = s
+		}
+		l.segMu.Unlock()
+		return fmt.Errorf("nodelog: fsync before purge: %w", err)
+	}
+	l.stats.fsyncs.Add(1)
 	// Oldest first: a crash in the middle leaves a contiguous sequence.
 	slices.Reverse(victims)
 	l.stats.queuedPurge.Add(uint64(len(victims)))
 	l.reap <- victims
+	return nil
 }
 
 // reaper deletes purged segment files, in order, off the flusher's path:
