@@ -90,9 +90,10 @@
 // as soon as it is not the active one and no group's oldest live entry is in
 // it or before it. The active segment is fsynced first, so the record that
 // made a segment dead is durable before the file goes; the unlink and
-// directory sync then run in a background goroutine, oldest first. Only the oldest segments are deleted, so the remaining
-// sequence is always contiguous, and replaying it yields for every group a
-// contiguous suffix of its history.
+// directory sync then run in a background goroutine, oldest first. Only the
+// oldest segments are deleted, so the remaining sequence is always
+// contiguous, and replaying it yields for every group a contiguous suffix of
+// its history.
 //
 // A group that rarely reaches raft's snapshot threshold would pin the oldest
 // segment forever. So after each roll, if every group holding entries in
