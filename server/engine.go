@@ -63,6 +63,10 @@ func (e *NotLeaderError) Error() string {
 // returns ErrNoLeader or a *NotLeaderError otherwise.
 type LeaderVerifier interface {
 	VerifyLeader(ctx context.Context, key string) error
+	// LeaderHint is the cheap local check: nil when this node believes it leads key's
+	// group (no quorum round), else ErrNoLeader or a *NotLeaderError naming the leader.
+	// Catch-up reads that reach the tail use it.
+	LeaderHint(key string) error
 }
 
 // RaftAdmin is implemented by replicated engines for the /__ursula/raft/ endpoints and

@@ -348,6 +348,9 @@ func (s *Server) handleRead(w http.ResponseWriter, r *http.Request, t *target) {
 		return
 	}
 	v, e := s.look(t, rq.off, rq.maxBytes, inc)
+	if (rq.off.Now || e != nil && (e.Status == http.StatusNotFound || e.Status == http.StatusRequestedRangeNotSatisfiable)) && !s.tailHere(w, r, t.key) {
+		return // a follower: offset=now, and a missing stream or offset, come from the leader
+	}
 	if e != nil {
 		if e.Status == http.StatusPreconditionFailed {
 			s.renew(r.Context(), t, v)
@@ -357,6 +360,29 @@ func (s *Server) handleRead(w http.ResponseWriter, r *http.Request, t *target) {
 	}
 	s.renew(r.Context(), t, v)
 	s.writeData(w, r, v, rq.off.Now, "")
+}
+
+// tailHere reports whether this node may resolve offset=now, or refuse a catch-up read with
+// 404 or 416, for key's stream. A follower's replica can trail the leader by a commit
+// round, so on a replicated engine a follower sends such a read to the leader (307; 503
+// while none is known) rather than answer from its stale prefix. Other catch-up reads are
+// served from the local replica; their Stream-Up-To-Date is the tail this node knows
+// (checklist-ops 108, the spec's read path).
+func (s *Server) tailHere(w http.ResponseWriter, r *http.Request, key string) bool {
+	lv, ok := s.engine.(LeaderVerifier)
+	if !ok {
+		return true
+	}
+	err := lv.LeaderHint(key)
+	if err == nil {
+		return true
+	}
+	e := leaderError(err, false)
+	if e == nil {
+		return true
+	}
+	s.writeError(w, r, e)
+	return false
 }
 
 // writeData answers a read with the bytes of v (catch-up and long-poll 200).

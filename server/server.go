@@ -268,7 +268,9 @@ func (s *Server) routeStream(w http.ResponseWriter, r *http.Request, t *target, 
 			case http.MethodPut:
 				s.handlePublishSnapshot(w, r, t, rest[1])
 			case http.MethodGet:
-				s.handleReadSnapshot(w, r, t, rest[1], false)
+				if s.verifyLeader(w, r, t.key) {
+					s.handleReadSnapshot(w, r, t, rest[1], false)
+				}
 			case http.MethodDelete:
 				s.writeError(w, r, streamcore.Errorf(http.StatusMethodNotAllowed, streamcore.CodeUnsupported, "snapshots cannot be deleted"))
 			default:

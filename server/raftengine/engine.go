@@ -428,6 +428,15 @@ func (e *Engine) VerifyLeader(ctx context.Context, key string) error {
 	return e.groupOf(key).readIndex(ctx)
 }
 
+// LeaderHint implements server.LeaderVerifier.
+func (e *Engine) LeaderHint(key string) error {
+	g := e.groupOf(key)
+	if g.r.State() == raft.Leader {
+		return nil
+	}
+	return e.leaderErr(g, false)
+}
+
 func (g *group) readIndex(ctx context.Context) error {
 	if g.r.State() != raft.Leader {
 		return g.e.leaderErr(g, false)

@@ -12,8 +12,9 @@ import (
 
 // TestFollowerAnswers: what a follower answers, over real HTTP. Writes: 307 to the same
 // path and query on the leader, marked NotLeader for appends and creates, unmarked for
-// deletes; tail-sensitive reads (HEAD, consistency=leader, live) redirect too; catch-up
-// reads are served locally. Admin: status, transfer, and their refusals.
+// deletes; tail-sensitive reads (HEAD, consistency=leader, live, offset=now, a missing
+// stream or an offset beyond the local tail) redirect too; catch-up reads are served
+// locally. Admin: status, transfer, and their refusals.
 func TestFollowerAnswers(t *testing.T) {
 	c := newCluster(t, clusterOpts{nodes: 3, groups: 2, raft: "heartbeat_timeout_ms = 500"})
 	c.startAll()
@@ -57,6 +58,9 @@ func TestFollowerAnswers(t *testing.T) {
 	check(http.MethodHead, "/"+key, nil, false)
 	check(http.MethodGet, "/"+key+"?offset=-1&consistency=leader", nil, false)
 	check(http.MethodGet, "/"+key+"?offset=-1&live=long-poll", nil, false)
+	check(http.MethodGet, "/"+key+"?offset=now", nil, false)
+	check(http.MethodGet, "/"+key+"?offset=00000000000000001000", nil, false) // beyond the local tail
+	check(http.MethodGet, "/"+other+"?offset=-1", nil, false)                 // missing here: ask the leader
 	// A catch-up read on the follower is local (once it has applied the append).
 	deadline := time.Now().Add(5 * time.Second)
 	for {
