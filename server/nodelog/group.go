@@ -136,8 +136,11 @@ func (s *GroupStore) StoreLog(e *raft.Log) error {
 }
 
 // StoreLogs appends consecutive entries. An entry at or below the last index
-// replaces that index and everything after it; an entry leaving a gap after
-// a non-empty log is refused (the store is monotonic).
+// replaces that index and everything after it. An entry that leaves a gap
+// after the last index starts the log anew there (the entries before are
+// dropped): the store keeps no holes, and raft only stores past a gap after
+// restoring a snapshot that covers everything before it (for example when a
+// crash lost the delete that normally follows a snapshot install).
 func (s *GroupStore) StoreLogs(logs []*raft.Log) error {
 	if len(logs) == 0 {
 		return nil
@@ -155,12 +158,6 @@ func (s *GroupStore) StoreLogs(logs []*raft.Log) error {
 			return fmt.Errorf("nodelog: group %d: entry %d is %d bytes, limit %d", s.g.id, e.Index, n, maxEntryBytes)
 		}
 		size += n
-	}
-	s.g.mu.RLock()
-	empty, last := len(s.g.locs) == 0, s.g.last()
-	s.g.mu.RUnlock()
-	if !empty && logs[0].Index > last+1 {
-		return fmt.Errorf("nodelog: group %d: gap: storing %d after last index %d", s.g.id, logs[0].Index, last)
 	}
 
 	r := requestPool.Get().(*request)

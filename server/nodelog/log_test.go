@@ -241,7 +241,6 @@ func TestStoreLogsValidation(t *testing.T) {
 	s := l.Group(1)
 	storeRange(t, s, 1, 10, 1, 10)
 	for name, logs := range map[string][]*raft.Log{
-		"gap":             {entry(1, 12, 1)},
 		"non-consecutive": {entry(1, 11, 1), entry(1, 13, 1)},
 		"index 0":         {{Index: 0}},
 	} {
@@ -259,6 +258,9 @@ func TestStoreLogsValidation(t *testing.T) {
 	}
 	checkEntries(t, s, 1, 7, 1)
 	checkEntries(t, s, 8, 12, 2)
+	// A gap (raft past a restored snapshot) starts the log anew.
+	storeRange(t, s, 20, 22, 3, 3)
+	checkGroup(t, s, 20, 22, 3)
 }
 
 func TestDeleteRangeAndPurge(t *testing.T) {

@@ -86,6 +86,8 @@ func TestCrashPointsMatchModel(t *testing.T) {
 				}
 			} else if rng.Intn(5) == 0 {
 				from = mg.first + uint64(rng.Intn(len(mg.terms)))
+			} else if rng.Intn(10) == 0 {
+				from = last + 2 + uint64(rng.Intn(3)) // a gap, as after a snapshot restore
 			}
 			if rng.Intn(4) == 0 {
 				term++
@@ -98,7 +100,7 @@ func TestCrashPointsMatchModel(t *testing.T) {
 			if err := s.StoreLogs(logs); err != nil {
 				t.Fatal(err)
 			}
-			if len(mg.terms) == 0 || from <= mg.first {
+			if len(mg.terms) == 0 || from <= mg.first || from > last+1 {
 				mg.first, mg.terms = from, nil
 			} else {
 				mg.terms = mg.terms[:from-mg.first]
