@@ -66,10 +66,10 @@
 //	  index u64, term u64, type u8, appended-at unix seconds i64,
 //	  appended-at nanoseconds u32, data length u32, extensions length u32,
 //	  data, extensions. A length of exactly 1<<31 marks a nil field (as
-//	  opposed to an empty one). A StoreLogs batch is one record, or a run of records
-//	  cut at about 1 MiB. Storing an index at or below the last one replaces
-//	  that index and everything after it; storing past a gap, or at or below
-//	  the first index, starts the group's log anew at that index.
+//	  opposed to an empty one). A StoreLogs batch is one record, or a run
+//	  of records cut at about 1 MiB. Storing an index at or below the last
+//	  one replaces that index and everything after it; storing past a gap,
+//	  or at or below the first index, starts the group's log anew there.
 //	2 delete range: min u64, max u64 (inclusive; a prefix, a suffix or all).
 //	3 stable: count u32, then count times key length u32, key, value length
 //	  u32, value. SetUint64 values are 8 bytes big-endian.
