@@ -103,6 +103,10 @@ func (s *GroupStore) GetLog(index uint64, out *raft.Log) error {
 
 		buf := make([]byte, lc.n)
 		l.segMu.RLock()
+		if l.segs == nil {
+			l.segMu.RUnlock()
+			return ErrClosed
+		}
 		seg := l.segs[uint64(lc.seg)]
 		var err error
 		if seg != nil {

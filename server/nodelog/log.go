@@ -926,6 +926,7 @@ func (l *Log) closeFiles() error {
 			first = err
 		}
 	}
+	l.segs = nil // readers now see ErrClosed
 	l.segMu.Unlock()
 	if l.lockF != nil {
 		l.lockF.Close() // releases the flock

@@ -206,6 +206,10 @@ func TestRoundTripManyGroupsAndRestart(t *testing.T) {
 	if err := l.Group(1).StoreLog(entry(1, per+1, 1)); !errors.Is(err, ErrClosed) {
 		t.Fatalf("StoreLog after Close: %v", err)
 	}
+	var e raft.Log
+	if err := l.Group(1).GetLog(1, &e); !errors.Is(err, ErrClosed) {
+		t.Fatalf("GetLog after Close: %v", err)
+	}
 
 	l = openT(t, dir, opt)
 	defer l.Close()
