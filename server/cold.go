@@ -5,9 +5,11 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -119,6 +121,9 @@ func (s *Server) EnableCold(store coldstore.Store, cfg coldstore.Config, opts Co
 	root := strings.Trim(cfg.Root, "/")
 	if root != "" {
 		root += "/"
+	}
+	if err := checkFormatMarker(store, root); err != nil {
+		return err
 	}
 	c := &coldTier{store: store, cfg: cfg, opts: opts, eng: ce, root: root + s.cfg.ClusterID + "/",
 		cache: newColdCache(int64(cfg.CacheSize)), pins: map[string]int{}, stop: make(chan struct{})}
@@ -315,3 +320,39 @@ func (s *Server) handleFlushCold(w http.ResponseWriter, r *http.Request, raw str
 	w.Header().Set("Content-Type", "application/json")
 	fmt.Fprintf(w, `{"hot_start_offset":%q}`, streamcore.FormatOffset(hotStart))
 }
+
+// FormatMarker is the object at the cold root that claims the prefix for this format;
+// FormatEpoch is its content.
+const (
+	FormatMarker = "URSULA_FORMAT_EPOCH"
+	FormatEpoch  = "ursula-go-1\n"
+)
+
+// checkFormatMarker refuses a cold root that holds objects but no marker (another
+// application's, or another format's), or a marker of another epoch; on an empty root it
+// writes the marker.
+func checkFormatMarker(store coldstore.Store, root string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	where := store.Name() + " cold root " + strconvQuote(root)
+	b, err := coldstore.ReadAll(ctx, store, root+FormatMarker, 0, -1)
+	switch {
+	case err == nil:
+		if string(b) != FormatEpoch {
+			return fmt.Errorf("object storage %s is format epoch %q, this build writes %q: use a new storage.cold.root", where, strings.TrimSpace(string(b)), strings.TrimSpace(FormatEpoch))
+		}
+		return nil
+	case !errors.Is(err, coldstore.ErrNotFound):
+		return fmt.Errorf("object storage %s: reading the %s marker: %w", where, FormatMarker, err)
+	}
+	other := ""
+	if err := store.List(ctx, root, func(o coldstore.ObjectInfo) bool { other = o.Key; return false }); err != nil {
+		return fmt.Errorf("object storage %s: %w", where, err)
+	}
+	if other != "" {
+		return fmt.Errorf("object storage %s is not empty and has no %s marker (found %s): point storage.cold.root at an empty prefix used only by this cluster", where, FormatMarker, other)
+	}
+	return store.Put(ctx, root+FormatMarker, strings.NewReader(FormatEpoch), int64(len(FormatEpoch)))
+}
+
+func strconvQuote(s string) string { return strconv.Quote(s) }

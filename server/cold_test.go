@@ -640,3 +640,36 @@ func TestColdMaxHotAge(t *testing.T) {
 	}
 	env.readFrom("/bkt1/aged", "-1", 0, 1000)
 }
+
+func TestColdFormatMarker(t *testing.T) {
+	dir := t.TempDir()
+	st, _ := coldstore.NewFS(dir)
+	cfg := coldstore.Config{Backend: "fs", Dir: dir, Root: "r1"}
+	srv := New(NewMemoryEngine(0), Config{ClusterID: "c1"})
+	if err := srv.EnableCold(st, cfg, ColdOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	srv.StopCold()
+	if _, err := st.Head(context.Background(), "r1/"+FormatMarker); err != nil {
+		t.Fatalf("no marker written: %v", err)
+	}
+	// Same root again: accepted.
+	srv = New(NewMemoryEngine(0), Config{ClusterID: "c1"})
+	if err := srv.EnableCold(st, cfg, ColdOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	srv.StopCold()
+	// A root holding someone else's objects: refused.
+	st.Put(context.Background(), "r2/other", strings.NewReader("x"), 1)
+	cfg.Root = "r2"
+	err := New(NewMemoryEngine(0), Config{ClusterID: "c1"}).EnableCold(st, cfg, ColdOptions{})
+	if err == nil || !strings.Contains(err.Error(), "is not empty and has no URSULA_FORMAT_EPOCH marker") {
+		t.Fatalf("foreign root: %v", err)
+	}
+	st.Put(context.Background(), "r3/"+FormatMarker, strings.NewReader("3\n"), 2)
+	cfg.Root = "r3"
+	err = New(NewMemoryEngine(0), Config{ClusterID: "c1"}).EnableCold(st, cfg, ColdOptions{})
+	if err == nil || !strings.Contains(err.Error(), "is format epoch") {
+		t.Fatalf("other epoch: %v", err)
+	}
+}
