@@ -4,7 +4,7 @@ BIN      := bin
 ADDR     ?= 127.0.0.1:4437
 export GOFLAGS := -buildvcs=false
 
-.PHONY: run build test unit vet fmt-check conformance conformance-cold conformance-deps s3-deps bench fuzz clean cluster extension bindings-test
+.PHONY: run build test unit vet fmt-check conformance conformance-cold conformance-deps s3-deps bench fuzz clean cluster extension bindings-deps bindings-test
 
 build:
 	$(GO) build -o $(BIN)/ursula ./cmd/ursula
@@ -20,9 +20,17 @@ test: fmt-check vet unit conformance bindings-test
 extension:
 	$(GO) build -buildmode=c-shared -o $(BIN)/libursula_vfs.so ./cextension
 
+## bindings-deps: better-sqlite3 for the Node binding, from the committed lock file (built with
+## node-gyp against the installed Node headers: no prebuilt download)
+NODE_DIR ?= $(shell dirname $$(dirname $$(command -v node)))
+bindings-deps:
+	@test -f bindings/node/node_modules/better-sqlite3/build/Release/better_sqlite3.node || \
+	  (cd bindings/node && npm_config_nodedir=$(NODE_DIR) npm ci --no-audit --no-fund)
+
 ## bindings-test: the Python and Node bindings on the extension, against a real server each test starts
-bindings-test: build extension
+bindings-test: build extension bindings-deps
 	cd bindings/python && URSULA_BIN=$(CURDIR)/$(BIN)/ursula URSULA_VFS_EXTENSION=$(CURDIR)/$(BIN)/libursula_vfs.so /usr/bin/python3 -m unittest discover -s tests -v
+	cd bindings/node && URSULA_BIN=$(CURDIR)/$(BIN)/ursula URSULA_VFS_EXTENSION=$(CURDIR)/$(BIN)/libursula_vfs.so node --test test/
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './test/conformance/node_modules/*')); \
@@ -65,6 +73,9 @@ bench: build conformance-deps s3-deps
 	$(GO) test -run '^$$' -bench 'Commit' -benchtime 3000x ./vfs
 	@echo "== catch-up read throughput: hot tier vs cold tier (fs, s3 on versitygw), 64 MiB stream, 8 MiB responses"
 	URSULA_REQUIRE_S3=1 $(GO) test -run '^$$' -bench 'CatchUp' -benchtime 5x ./server/
+	@echo "== commit latency: SQLite extension (Python) vs pure-Go adapter (vfs.Open), same server, vs plain local SQLite"
+	$(MAKE) extension
+	$(GO) run ./cextension/bench -n 2000 -ursula $(BIN)/ursula -extension $(BIN)/libursula_vfs.so
 
 ## fuzz: run every fuzz target for FUZZTIME each
 FUZZTIME ?= 20s

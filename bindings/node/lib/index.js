@@ -1,0 +1,315 @@
+'use strict';
+// ursula-sqlite: replicated SQLite databases on Ursula streams, on better-sqlite3.
+//
+// It loads Ursula's SQLite extension (libursula_vfs.so) into better-sqlite3's SQLite,
+// attaches a local file to a stream with ursula_attach and opens it with the ursula VFS:
+// every commit returns only after the stream acknowledged it. The extension is found
+// through URSULA_VFS_EXTENSION (a path) or the repository's bin/libursula_vfs.so.
+
+const crypto = require('node:crypto');
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+const Database = require('better-sqlite3');
+
+// ---- errors (checklist W) -----------------------------------------------------------------
+
+class UrsulaError extends Error {
+  constructor(message, { kind = null, action, reason, fenced = false, cause } = {}) {
+    super(message, cause ? { cause } : undefined);
+    this.name = this.constructor.name;
+    this.kind = kind;
+    this.action = action || this.constructor.defaultAction;
+    this.reason = reason === undefined ? message : reason;
+    this.fenced = fenced;
+    if (cause) {
+      this.code = cause.code;
+      this.errcode = extendedCode(cause.code);
+      this.errstr = cause.message;
+    }
+  }
+}
+UrsulaError.defaultAction = 'fix';
+
+class UrsulaWriteRefusedError extends UrsulaError {}
+UrsulaWriteRefusedError.defaultAction = 'retry';
+class UrsulaPaymentRequiredError extends UrsulaWriteRefusedError {}
+UrsulaPaymentRequiredError.defaultAction = 'retry';
+class UrsulaReplicationError extends UrsulaError {}
+UrsulaReplicationError.defaultAction = 'fix';
+class UrsulaReattachError extends UrsulaReplicationError {}
+UrsulaReattachError.defaultAction = 'reattach';
+class UrsulaFencedError extends UrsulaReplicationError {}
+UrsulaFencedError.defaultAction = 'stop';
+class UrsulaSetupError extends UrsulaError {}
+UrsulaSetupError.defaultAction = 'fix';
+
+// better-sqlite3 names SQLite's extended result codes; the numbers of the ones used here.
+const CODES = {
+  SQLITE_ERROR: 1, SQLITE_AUTH: 23, SQLITE_CANTOPEN: 14, SQLITE_READONLY: 8, SQLITE_IOERR: 10,
+  SQLITE_IOERR_READ: 266, SQLITE_IOERR_WRITE: 778, SQLITE_IOERR_AUTH: 7178,
+};
+function extendedCode(name) {
+  return CODES[name] === undefined ? null : CODES[name];
+}
+
+const REFUSED = new Set(['unauthorized', 'forbidden', 'rate_limited', 'not_applied', 'unreachable', 'refused', 'unavailable']);
+const REATTACH = new Set(['outcome_unknown', 'local_damage', 'local_state', 'internal', 'poisoned', 'damaged']);
+const SETUP = new Set(['invalid_argument', 'invalid_url', 'invalid_name', 'not_found', 'in_use', 'unreplicated_file',
+  'other_stream', 'unsupported', 'stream_state', 'not_attached', 'local_setup', 'attach_failed']);
+
+function errorClass(kind, setup) {
+  if (kind === 'payment_required') return UrsulaPaymentRequiredError;
+  if (REFUSED.has(kind) || kind === 'too_large') return UrsulaWriteRefusedError;
+  if (kind === 'fenced') return UrsulaFencedError;
+  if (REATTACH.has(kind)) return UrsulaReattachError;
+  if (setup && SETUP.has(kind)) return UrsulaSetupError;
+  return UrsulaReplicationError;
+}
+function actionFor(cls, kind) {
+  return kind === 'too_large' ? 'fix' : cls.defaultAction;
+}
+
+const FN_ERROR = /^(ursula_\w+): ([a-z_]+): ([\s\S]*)$/;
+function fromFunctionError(e) {
+  const m = FN_ERROR.exec(e && e.message);
+  if (!m) return e;
+  const [, fn, kind, msg] = m;
+  const cls = errorClass(kind, fn === 'ursula_attach' || kind === 'not_attached' || kind === 'attach_failed');
+  return new cls(e.message, { kind, action: actionFor(cls, kind), reason: msg, fenced: kind === 'fenced', cause: e });
+}
+
+// ---- the extension --------------------------------------------------------------------------
+
+function extensionPath() {
+  return process.env.URSULA_VFS_EXTENSION || path.resolve(__dirname, '..', '..', '..', 'bin', 'libursula_vfs.so');
+}
+
+let loader = null;
+// loadUrsulaVfs loads the extension once per process and returns the connection that
+// loaded it (the SQL functions live there). From then on ursula is the default VFS.
+function loadUrsulaVfs() {
+  if (loader) return loader;
+  const p = extensionPath();
+  if (!fs.existsSync(p)) {
+    throw new UrsulaSetupError(`the Ursula SQLite extension is not at ${p}: run \`make extension\` or set URSULA_VFS_EXTENSION`, { kind: 'local_setup' });
+  }
+  const db = new Database(':memory:');
+  db.loadExtension(p);
+  loader = db;
+  return db;
+}
+
+function call(sql, ...args) {
+  const db = loadUrsulaVfs();
+  try {
+    return db.prepare(sql).pluck().get(...args);
+  } catch (e) {
+    throw fromFunctionError(e);
+  }
+}
+
+function absPath(p) {
+  if (typeof p !== 'string' || p === '' || p === ':memory:' || p.startsWith('file:')) {
+    throw new UrsulaSetupError(`the file must be a plain file path (not ${JSON.stringify(p)})`, { kind: 'invalid_argument' });
+  }
+  return path.resolve(p);
+}
+
+// attach attaches the file at file to the stream at url (no connection may have it open
+// yet) and returns the offset the file reflects, as a string.
+function attach(file, url, { readOnly = false } = {}) {
+  const p = absPath(file);
+  return readOnly ? call('SELECT ursula_attach(?, ?, ?)', p, url, 'read_only') : call('SELECT ursula_attach(?, ?)', p, url);
+}
+
+// status is the replication state of an attached file; error is null while writes go through.
+function status(file) {
+  const st = JSON.parse(call('SELECT ursula_status(?)', absPath(file)));
+  if (st.error === undefined) st.error = null;
+  return st;
+}
+
+// stats: counters of an attached file (this build records no per-commit measurements).
+function stats(file) {
+  return JSON.parse(call('SELECT ursula_stats(?)', absPath(file)));
+}
+
+// setToken sets the process-wide bearer token (null clears it).
+function setToken(token) {
+  call('SELECT ursula_set_token(?)', token === undefined ? null : token);
+}
+
+// ---- local file naming (checklist H; the same bytes as vfs.DefaultFileName) -------------------
+
+const SAFE = new Set(Buffer.from('abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.~$&+:=@'));
+
+function segments(p) {
+  const out = [];
+  for (const s of p.split('/')) {
+    if (s === '' || s === '.') continue;
+    if (s === '..') { out.pop(); continue; }
+    out.push(s);
+  }
+  return out.map((s) => {
+    if (/%(?![0-9A-Fa-f]{2})/.test(s)) return Buffer.from(s, 'utf8');
+    const bytes = [];
+    const raw = Buffer.from(s, 'utf8');
+    for (let i = 0; i < raw.length; i++) {
+      if (raw[i] === 0x25) { bytes.push(parseInt(raw.subarray(i + 1, i + 3).toString(), 16)); i += 2; } else bytes.push(raw[i]);
+    }
+    return Buffer.from(bytes);
+  });
+}
+
+function escapeSegment(b) {
+  let s = '';
+  for (const c of b) s += SAFE.has(c) ? String.fromCharCode(c) : '%' + c.toString(16).toUpperCase().padStart(2, '0');
+  return s;
+}
+
+function splitURL(url) {
+  const m = /^([A-Za-z][A-Za-z0-9+.-]*):\/\/([^/?#]*)([^?#]*)/.exec(url);
+  if (!m) throw new UrsulaSetupError(`stream URL ${JSON.stringify(url)} does not parse`, { kind: 'invalid_url' });
+  let host = m[2].replace(/^.*@/, '');
+  let port = null;
+  const hp = /^(\[[^\]]*\]|[^:]*)(?::(\d*))?$/.exec(host);
+  if (hp) { host = hp[1]; port = hp[2] ? String(parseInt(hp[2], 10)) : null; }
+  return { scheme: m[1].toLowerCase(), host: host.replace(/^\[|\]$/g, '').toLowerCase(), port, path: m[3] };
+}
+
+function canonicalURL(url) {
+  const u = splitURL(url);
+  let host = u.host.includes(':') ? `[${u.host}]` : u.host;
+  if (u.port && !(u.scheme === 'http' && u.port === '80') && !(u.scheme === 'https' && u.port === '443')) host += ':' + u.port;
+  return `${u.scheme}://${host}/` + segments(u.path).map(escapeSegment).join('/');
+}
+
+function defaultFileName(url) {
+  const canon = canonicalURL(url);
+  const segs = segments(splitURL(canon).path).slice(-2);
+  let label = 'stream';
+  if (segs.length) {
+    label = segs.map((b) => b.toString('utf8')).join('-').toLowerCase().replace(/[^a-z0-9_-]+/g, '_');
+    if (label.startsWith('-')) label = '_' + label.slice(1);
+    label = label.slice(0, 64);
+  }
+  return `${label}-${crypto.createHash('sha256').update(canon).digest('hex').slice(0, 32)}.db`;
+}
+
+function cacheDir() {
+  let base = process.env.XDG_CACHE_HOME || '';
+  if (!path.isAbsolute(base)) {
+    let home = process.env.HOME || '';
+    if (!path.isAbsolute(home)) home = os.userInfo().homedir || '';
+    if (!path.isAbsolute(home)) {
+      throw new UrsulaSetupError('no cache directory (set XDG_CACHE_HOME or HOME), so pass dir or path', { kind: 'local_setup' });
+    }
+    base = path.join(home, '.cache');
+  }
+  return path.join(base, 'sqlite-ursula');
+}
+
+function localPath(url, { dir, readOnly = false } = {}) {
+  const d = dir === undefined ? cacheDir() : dir;
+  fs.mkdirSync(d, { recursive: true, mode: 0o700 });
+  const name = defaultFileName(url);
+  if (!readOnly) return path.resolve(d, name);
+  // NOT DONE: the original picks the first of -ro1..-ro8 not held elsewhere; this binding
+  // always uses -ro1 (a second read-only open of the same stream needs dir or path).
+  return path.resolve(d, name.slice(0, -3) + '-ro1.db');
+}
+
+// ---- connections ------------------------------------------------------------------------------
+
+function translate(db, e) {
+  if (!e || e instanceof UrsulaError || typeof e.code !== 'string' || !db.ursulaPath) return e;
+  if (!/^SQLITE_(IOERR|AUTH|CANTOPEN)/.test(e.code)) return e;
+  let st;
+  try {
+    st = status(db.ursulaPath);
+  } catch (se) {
+    return se instanceof UrsulaError ? se : e;
+  }
+  const err = st.error || {};
+  if (e.code === 'SQLITE_IOERR_READ' && (st.fenced || st.poisoned)) {
+    const kind = st.fenced ? 'fenced' : err.kind || 'outcome_unknown';
+    const cls = errorClass(kind);
+    return new cls(`read refused, the file is ${kind === 'fenced' ? 'fenced' : 'poisoned'}: ${err.message || ''}`,
+      { kind, action: actionFor(cls, kind), reason: err.message || '', fenced: !!st.fenced, cause: e });
+  }
+  if (!st.error) return e;
+  const cls = errorClass(err.kind);
+  return new cls(`commit not replicated: ${err.message} (${err.kind})`,
+    { kind: err.kind, action: err.action || actionFor(cls, err.kind), reason: err.message, fenced: !!st.fenced, cause: e });
+}
+
+function guard(db, fn) {
+  return function guarded(...args) {
+    try {
+      return fn.apply(this, args);
+    } catch (e) {
+      throw translate(db, e);
+    }
+  };
+}
+
+// UrsulaDatabase is a better-sqlite3 Database of an attached file whose failed commits and
+// reads (exec, and run/get/all/iterate of its statements) throw UrsulaError subclasses.
+class UrsulaDatabase extends Database {
+  prepare(sql) {
+    const st = super.prepare(sql);
+    const db = this;
+    const proxy = new Proxy(st, {
+      get(target, prop) {
+        const v = target[prop];
+        if (typeof v !== 'function') return v;
+        if (prop === 'run' || prop === 'get' || prop === 'all') return guard(db, v.bind(target));
+        if (prop === 'iterate') {
+          return (...args) => {
+            const it = guard(db, v.bind(target))(...args);
+            return { next: guard(db, it.next.bind(it)), return: it.return.bind(it), [Symbol.iterator]() { return this; } };
+          };
+        }
+        return (...args) => {
+          const r = v.apply(target, args);
+          return r === target ? proxy : r;
+        };
+      },
+    });
+    return proxy;
+  }
+
+  exec(sql) {
+    try {
+      return super.exec(sql);
+    } catch (e) {
+      throw translate(this, e);
+    }
+  }
+}
+
+// open attaches a local file to the stream at url and opens it with better-sqlite3 in WAL
+// mode. options: path, dir (without path: <label>-<hash>.db in dir or the user's cache
+// directory), readOnly, and better-sqlite3's own options.
+function open(url, options = {}) {
+  const { path: file, dir, readOnly = false, ...dbOptions } = options;
+  const p = file === undefined ? localPath(url, { dir, readOnly }) : absPath(file);
+  loadUrsulaVfs();
+  attach(p, url, { readOnly });
+  let db;
+  try {
+    db = new UrsulaDatabase(p, { ...dbOptions, readonly: readOnly, fileMustExist: readOnly });
+  } catch (e) {
+    throw new UrsulaSetupError(`cannot open ${p}: ${e.message}`, { kind: 'local_setup', cause: e });
+  }
+  db.ursulaPath = p;
+  return db;
+}
+
+module.exports = {
+  open, attach, status, stats, setToken, loadUrsulaVfs, extensionPath,
+  localPath, canonicalURL, defaultFileName,
+  UrsulaError, UrsulaWriteRefusedError, UrsulaPaymentRequiredError, UrsulaReplicationError,
+  UrsulaReattachError, UrsulaFencedError, UrsulaSetupError, UrsulaDatabase,
+};
