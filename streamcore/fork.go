@@ -94,6 +94,10 @@ func (s *Stream) subOffsetEnd(off, sub uint64) (uint64, *Error) {
 		}
 		return off + sub, nil
 	}
+	if off < s.Data.Base() {
+		// Counting messages needs the record's bytes, and apply cannot read the cold tier.
+		return 0, Errorf(http.StatusBadRequest, CodeInvalidOffset, "fork sub-offset: the source record at the fork offset was moved to the cold tier; fork at a message boundary instead")
+	}
 	n, pos := uint64(0), off
 	for _, part := range s.Data.Slices(off, recEnd) {
 		for _, b := range part {
