@@ -134,19 +134,26 @@ func TestCLI(t *testing.T) {
 	db := filepath.Join(e.dir, "cli.db")
 	url := e.base + "/clitest/notes"
 	script := fmt.Sprintf(`.bail off
-.load %s
-SELECT 'offset=' || ursula_attach('%s', '%s');
-.open %s
+.load %[1]s
+SELECT 'offset=' || ursula_attach('%[2]s', '%[3]s');
+.open %[4]s
 SELECT 'mode=' || (SELECT journal_mode FROM pragma_journal_mode) || ' page=' || (SELECT page_size FROM pragma_page_size);
 CREATE TABLE notes(id INTEGER PRIMARY KEY, body TEXT);
 INSERT INTO notes(body) VALUES ('one'), ('two');
 BEGIN; INSERT INTO notes(body) SELECT 'bulk ' || value FROM generate_series(1, 500); COMMIT;
 PRAGMA journal_mode=DELETE;
+PRAGMA wal_checkpoint(TRUNCATE);
+INSERT INTO notes(body) VALUES ('after truncate');
+PRAGMA wal_checkpoint(PASSIVE);
+INSERT INTO notes(body) VALUES ('after checkpoint');
+CREATE VIEW st AS SELECT ursula_status('%[4]s') AS s;
+SELECT * FROM st;
+DROP VIEW st;
 SELECT 'rows=' || count(*) FROM notes;
-SELECT 'commits=' || json_extract(ursula_status('%s'), '$.commits');
-`, strings.TrimSuffix(e.so, ".so"), db, url, db, db)
+SELECT 'commits=' || json_extract(ursula_status('%[4]s'), '$.commits');
+`, strings.TrimSuffix(e.so, ".so"), db, url, db)
 	out, _ := runErr(script, nil, "sqlite3")
-	for _, want := range []string{"offset=0000", "mode=wal page=4096", "rows=502", "commits=3",
+	for _, want := range []string{"offset=0000", "mode=wal page=4096", "rows=504", "commits=7", "unsafe use of ursula_status()",
 		"PRAGMA journal_mode=DELETE refused: a replicated database stays in WAL mode"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("missing %q in:\n%s", want, out)
@@ -201,6 +208,10 @@ for i in range(20):
     (a if i % 2 else b).execute("INSERT INTO t VALUES (?)", (i,))
 print("mode", a.execute("PRAGMA journal_mode").fetchone()[0])
 print("seen", b.execute("SELECT count(*) FROM t").fetchone()[0])
+print("auto", json.loads(b.execute("SELECT ursula_status(?)", (p1,)).fetchone()[0])["commits"])
+plain = os.path.join(DIR, "opened-first.db")
+early = sqlite3.connect(plain); early.execute("CREATE TABLE x(y)"); early.commit()
+print("early", *code(lambda: q("SELECT ursula_attach(?, ?)", plain, BASE + "/pytest/early")))
 # another process takes the stream over at another path
 p2 = os.path.join(DIR, "second.db")
 other = "import sqlite3,sys\nl=sqlite3.connect(':memory:')\nl.enable_load_extension(True)\nl.load_extension(sys.argv[1])\nl.execute('SELECT ursula_attach(?,?)',(sys.argv[2],sys.argv[3]))\nc=sqlite3.connect(sys.argv[2])\nprint('other', c.execute('SELECT count(*) FROM t').fetchone()[0])\n"
@@ -217,7 +228,7 @@ c = sqlite3.connect(p1, isolation_level=None)
 c.execute("INSERT INTO t VALUES (100)")
 print("again", c.execute("SELECT count(*) FROM t").fetchone()[0])
 `)
-	for _, want := range []string{"mode wal", "seen 20", "other 20",
+	for _, want := range []string{"mode wal", "seen 20", "auto 21", "early 1 ursula_attach: in_use:", "other 20",
 		"commit 7178", "read 266", "fresh 266", "status True fenced stop",
 		"busy 1 ursula_attach: in_use:", "again 21"} {
 		if !strings.Contains(out, want) {
