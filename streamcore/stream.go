@@ -584,11 +584,14 @@ func (st *State) recordChunk(c *Command) Result {
 	return Result{Status: http.StatusNoContent}
 }
 
-// heldByteIs reports whether the hot buffer still holds the byte at off and it is c (a
-// flushed byte is not held: the cold tier has it).
+// heldByteIs reports whether the hot buffer holds the byte at off and it is c (a flushed
+// byte is not held: the cold tier has it).
 func (s *Stream) heldByteIs(off uint64, c byte) bool {
 	b := &s.Data
-	if len(b.blocks) == 0 || off < b.starts[0] || off >= b.end {
+	// Below Base never counts, even when the block holding it is still in memory: a
+	// replica restored from a snapshot holds only [Base, End), and apply must decide
+	// the same everywhere.
+	if len(b.blocks) == 0 || off < b.base || off < b.starts[0] || off >= b.end {
 		return false
 	}
 	return b.ByteAt(off) == c
