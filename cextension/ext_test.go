@@ -3,12 +3,18 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -321,6 +327,57 @@ func TestPythonNamingMatchesGo(t *testing.T) {
 		}
 		if i >= len(got) || got[i] != want {
 			t.Errorf("%s: python %v, go %s", u, got, want)
+		}
+	}
+}
+
+// TestPythonRefusals: through a proxy in front of the real server that answers writes
+// with 402 on demand, a commit fails alone with 7178 (status: payment_required, retry)
+// and the next one goes through; a claim refused with 402 fails ursula_attach with
+// SQLITE_AUTH (23).
+func TestPythonRefusals(t *testing.T) {
+	e := setup(t)
+	target, _ := url.Parse(e.base)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	var refuse atomic.Bool
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/__refuse":
+			refuse.Store(true)
+			return
+		case "/__accept":
+			refuse.Store(false)
+			return
+		}
+		if refuse.Load() && r.Method == http.MethodPost {
+			w.WriteHeader(http.StatusPaymentRequired)
+			io.WriteString(w, "quota exhausted")
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	defer proxy.Close()
+	out := run(t, "", nil, "/usr/bin/python3", "-c", pyPrelude+`
+import urllib.request
+def mode(m): urllib.request.urlopen(BASE + "/__" + m).read()
+url = BASE + "/pytest/pay"
+p = os.path.join(DIR, "pay.db")
+q("SELECT ursula_attach(?, ?)", p, url)
+c = sqlite3.connect(p, isolation_level=None)
+c.execute("CREATE TABLE t(x)")
+mode("refuse")
+print("commit", *code(lambda: c.execute("INSERT INTO t VALUES (1)")))
+st = json.loads(q("SELECT ursula_status(?)", p))
+print("status", st["fenced"], st["poisoned"], st["error"]["kind"], st["error"]["action"])
+print("claim", *code(lambda: q("SELECT ursula_attach(?, ?)", os.path.join(DIR, "pay2.db"), BASE + "/pytest/pay2")))
+mode("accept")
+c.execute("INSERT INTO t VALUES (2)")
+print("rows", c.execute("SELECT group_concat(x) FROM t").fetchone()[0])
+`, e.so, proxy.URL, e.dir)
+	for _, want := range []string{"commit 7178", "status False False payment_required retry",
+		"claim 23 ursula_attach: payment_required:", "rows 2"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("missing %q in:\n%s", want, out)
 		}
 	}
 }
