@@ -287,6 +287,19 @@ class UrsulaDatabase extends Database {
       throw translate(this, e);
     }
   }
+
+  pragma(...args) {
+    return guard(this, super.pragma).apply(this, args);
+  }
+
+  // transaction's BEGIN/COMMIT are better-sqlite3's own statements: translate their errors too.
+  transaction(fn) {
+    const t = super.transaction(fn);
+    const g = guard(this, t);
+    for (const k of ['deferred', 'immediate', 'exclusive']) g[k] = guard(this, t[k]);
+    g.default = g;
+    return g;
+  }
 }
 
 // open attaches a local file to the stream at url and opens it with better-sqlite3 in WAL

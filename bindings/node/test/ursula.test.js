@@ -135,7 +135,8 @@ test('fenced across processes: commit and reads fail with UrsulaFencedError', ()
   const out = child(`const db = ursula.open(${JSON.stringify(url)}, { path: ${JSON.stringify(path.join(tmp, 'fence-2.db'))} });
 console.log('other', db.prepare('SELECT count(*) FROM t').pluck().get());`);
   assert.match(out, /other 1/, out);
-  assert.throws(() => db.prepare('INSERT INTO t VALUES (2)').run(),
+  const ins = db.prepare('INSERT INTO t VALUES (?)');
+  assert.throws(() => db.transaction(() => { ins.run(2); ins.run(3); })(),
     (e) => e instanceof ursula.UrsulaFencedError && e instanceof ursula.UrsulaReplicationError &&
       e.kind === 'fenced' && e.action === 'stop' && e.fenced === true && e.errcode === 7178);
   assert.throws(() => db.prepare('SELECT count(*) FROM t').get(),

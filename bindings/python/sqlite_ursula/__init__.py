@@ -393,6 +393,10 @@ class Connection(sqlite3.Connection):
     def commit(self):
         return _wrap(self, super().commit)
 
+    def __exit__(self, exc_type, exc, tb):
+        # sqlite3's context manager commits without calling commit()
+        return _wrap(self, super().__exit__, exc_type, exc, tb)
+
 
 def open(url, path=None, dir=None, read_only=False, **connect_kwargs):
     """Attaches a local file to the stream at url and opens it: an sqlite3.Connection

@@ -192,8 +192,8 @@ print("rows", db.execute("SELECT count(*) FROM t").fetchone()[0])
                   % (url, os.path.join(TMP, "fence-2.db")))
         self.assertIn("other 1", r.stdout, r.stdout + r.stderr)
         with self.assertRaises(su.FencedError) as cm:
-            db.execute("INSERT INTO t VALUES (2)")
-            db.commit()
+            with db:  # the context manager's commit is translated too
+                db.execute("INSERT INTO t VALUES (2)")
         e = cm.exception
         self.assertEqual((e.kind, e.action, e.fenced, e.sqlite_errorcode), ("fenced", "stop", True, 7178))
         self.assertIsInstance(e, su.ReplicationError)
