@@ -215,9 +215,34 @@ function localPath(url, { dir, readOnly = false } = {}) {
   fs.mkdirSync(d, { recursive: true, mode: 0o700 });
   const name = defaultFileName(url);
   if (!readOnly) return path.resolve(d, name);
-  // NOT DONE: the original picks the first of -ro1..-ro8 not held elsewhere; this binding
-  // always uses -ro1 (a second read-only open of the same stream needs dir or path).
   return path.resolve(d, name.slice(0, -3) + '-ro1.db');
+}
+
+function attachedHere(p) {
+  try {
+    status(p);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+// attachReadOnlyCopy attaches the first of <label>-<hash>-ro1..-ro8.db that neither this
+// process (attached here) nor another one (in_use: its lock file is held) has.
+function attachReadOnlyCopy(url, dir) {
+  const first = localPath(url, { dir, readOnly: true });
+  for (let n = 1; n <= 8; n++) {
+    const p = first.replace(/-ro1\.db$/, `-ro${n}.db`);
+    if (attachedHere(p)) continue;
+    try {
+      attach(p, url, { readOnly: true });
+      return p;
+    } catch (e) {
+      if (e instanceof UrsulaSetupError && e.kind === 'in_use') continue;
+      throw e;
+    }
+  }
+  throw new UrsulaSetupError(`eight read-only copies of ${url} are open already: pass dir or path`, { kind: 'in_use' });
 }
 
 // ---- connections ------------------------------------------------------------------------------
@@ -307,9 +332,14 @@ class UrsulaDatabase extends Database {
 // directory), readOnly, and better-sqlite3's own options.
 function open(url, options = {}) {
   const { path: file, dir, readOnly = false, ...dbOptions } = options;
-  const p = file === undefined ? localPath(url, { dir, readOnly }) : absPath(file);
   loadUrsulaVfs();
-  attach(p, url, { readOnly });
+  let p;
+  if (file === undefined && readOnly) {
+    p = attachReadOnlyCopy(url, dir);
+  } else {
+    p = file === undefined ? localPath(url, { dir }) : absPath(file);
+    attach(p, url, { readOnly });
+  }
   let db;
   try {
     db = new UrsulaDatabase(p, { ...dbOptions, readonly: readOnly, fileMustExist: readOnly });

@@ -91,6 +91,9 @@ test('read-only open reads and refuses writes', () => {
   assert.strictEqual(r.prepare('SELECT count(*) FROM t').pluck().get(), 1);
   assert.throws(() => r.exec('INSERT INTO t VALUES (2)'), /readonly/);
   assert.strictEqual(ursula.status(r.name).read_only, true);
+  const r2 = ursula.open(url, { dir: path.join(tmp, 'ro'), readOnly: true });
+  assert.match(r2.name, /-ro2\.db$/);
+  r2.close();
   r.close();
   w.close();
 });

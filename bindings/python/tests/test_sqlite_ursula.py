@@ -127,6 +127,10 @@ class OpenTest(unittest.TestCase):
             r.execute("INSERT INTO t VALUES (2)")
         self.assertIn("readonly", str(cm.exception))
         self.assertTrue(su.status(r.ursula_path)["read_only"])
+        self.assertTrue(r.ursula_path.endswith("-ro1.db"), r.ursula_path)
+        r2 = su.open(url, dir=os.path.join(TMP, "ro"), read_only=True)
+        self.assertTrue(r2.ursula_path.endswith("-ro2.db"), r2.ursula_path)
+        r2.close()
         r.close()
         w.close()
 
