@@ -573,32 +573,46 @@ func (e *Engine) TransferLeadership(group, to uint64) error {
 }
 
 // Drain implements server.RaftAdmin: every group this node leads hands leadership to
-// another voter (at most 4 transfers at a time).
+// another voter (at most 4 transfers at a time). It repeats for a few seconds while
+// leaderships keep arriving (an election or a transfer to this node that was in flight),
+// and returns once a pass finds nothing to hand off.
 func (e *Engine) Drain() error {
 	if len(e.cfg.Peers) < 2 {
 		return errors.New("a single voter cannot hand leadership to anyone")
 	}
-	var mu sync.Mutex
+	deadline := time.Now().Add(5 * time.Second)
 	var errs []error
-	sem := make(chan struct{}, 4)
-	var wg sync.WaitGroup
-	for _, g := range e.groups {
-		if g.r.State() != raft.Leader {
-			continue
-		}
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			if err := g.r.LeadershipTransfer().Error(); err != nil {
-				mu.Lock()
-				errs = append(errs, fmt.Errorf("group %d: %w", g.id, err))
-				mu.Unlock()
+	for quiet := 0; quiet < 3 && time.Now().Before(deadline); {
+		var mu sync.Mutex
+		errs = errs[:0]
+		sem := make(chan struct{}, 4)
+		var wg sync.WaitGroup
+		moved := 0
+		for _, g := range e.groups {
+			if g.r.State() != raft.Leader {
+				continue
 			}
-		}()
+			moved++
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				if err := g.r.LeadershipTransfer().Error(); err != nil {
+					mu.Lock()
+					errs = append(errs, fmt.Errorf("group %d: %w", g.id, err))
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		if moved == 0 {
+			quiet++
+		} else {
+			quiet = 0
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	wg.Wait()
 	return errors.Join(errs...)
 }
 

@@ -88,6 +88,11 @@ func TestFollowerAnswers(t *testing.T) {
 	if res, body, _ := httpDo(http.MethodPost, L.url+fmt.Sprintf("/__ursula/raft/transfer?group=%d&to=%d", g, F.id), nil, nil); res.StatusCode != 200 {
 		t.Fatalf("transfer: %d %s", res.StatusCode, body)
 	}
+	for deadline := time.Now().Add(5 * time.Second); c.leaderOf(g, F) != F.id; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("transfer did not complete")
+		}
+	}
 	// Drain: the new leader hands everything away.
 	if res, body, _ := httpDo(http.MethodPost, F.url+"/__ursula/raft/drain", nil, nil); res.StatusCode != 200 {
 		t.Fatalf("drain: %d %s", res.StatusCode, body)
