@@ -89,9 +89,11 @@
 // directory too, before anything else goes into the new segment. Because of
 // the checkpoint, stable values never pin old segments: a segment is deleted
 // as soon as it is not the active one and no group's oldest live entry is in
-// it or before it. The active segment is fsynced first, so the record that
-// made a segment dead is durable before the file goes; the unlink and
-// directory sync then run in a background goroutine, oldest first. Only the
+// it or before it, once everything written is synced, so the record that
+// made a segment dead is durable before the file goes (with FsyncAlways the
+// flusher syncs for it; with FsyncNever it waits for the next fsync that
+// happens anyway: a segment seal, a stable write, Close). The unlink and
+// directory sync run in a background goroutine, oldest first. Only the
 // oldest segments are deleted, so the remaining sequence is always
 // contiguous, and replaying it yields for every group a contiguous suffix of
 // its history.

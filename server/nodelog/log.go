@@ -160,6 +160,7 @@ type Log struct {
 	batch     []byte
 	pending   []pendingFrame
 	needPurge bool
+	unsynced  bool // bytes were written to the active segment since its last fsync
 	rolled    bool // a segment was sealed in this batch: try copyForward
 
 	stats struct {
@@ -231,7 +232,11 @@ func Open(dir string, opt Options) (*Log, error) {
 	}
 	l.recovery.RecoveryDuration = time.Since(start)
 	go l.reaper()
-	if err := l.purge(); err != nil {
+	err = l.syncActive() // a killed predecessor may have left unsynced data
+	if err == nil {
+		err = l.purge()
+	}
+	if err != nil {
 		close(l.reap)
 		<-l.reaped
 		l.closeFiles()
@@ -644,7 +649,14 @@ func (l *Log) writeBatch(reqs []*request) error {
 			return err
 		}
 	}
-	if l.needPurge {
+	if l.needPurge && l.unsynced && l.opt.Fsync == FsyncAlways {
+		// Reclaim promptly; under FsyncNever the purge waits for the next
+		// fsync that happens anyway (segment seal, stable write, Close).
+		if err := l.syncActive(); err != nil {
+			return err
+		}
+	}
+	if l.needPurge && !l.unsynced {
 		l.needPurge = false
 		return l.purge()
 	}
@@ -656,6 +668,7 @@ func (l *Log) syncActive() error {
 		return fmt.Errorf("nodelog: fsync %s: %w", segName(l.active.id), err)
 	}
 	l.stats.fsyncs.Add(1)
+	l.unsynced = false
 	return nil
 }
 
@@ -782,6 +795,7 @@ func (l *Log) flushPending() error {
 	if _, err := seg.f.WriteAt(l.batch, seg.size); err != nil {
 		return fmt.Errorf("nodelog: write %s: %w", segName(seg.id), err)
 	}
+	l.unsynced = true
 	l.stats.writes.Add(1)
 	l.stats.records.Add(uint64(len(l.pending)))
 	l.segMu.Lock()
@@ -814,14 +828,21 @@ func (l *Log) roll() error {
 	if err := l.startSegment(old.id + 1); err != nil {
 		return err
 	}
-	l.needPurge = true
+	// Everything written so far is synced: the old segment is sealed and
+	// the new one holds only its synced header and checkpoint. So this is
+	// the moment to purge, whatever the mode.
+	l.unsynced = false
 	l.rolled = true
-	return nil
+	l.needPurge = false
+	return l.purge()
 }
 
 // purge deletes the oldest segments that no group needs any more. Only a
 // prefix of the sequence is ever deleted, so replay always sees, for every
-// group, a contiguous suffix of its history.
+// group, a contiguous suffix of its history. Callers make sure everything
+// written is synced first: the records that made these segments dead
+// (prefix deletes, copies) must be durable before the files go, or a host
+// crash could leave a state no sequence of acknowledged operations produced.
 func (l *Log) purge() error {
 	minNeeded := l.active.id
 	l.groupsMu.RLock()
@@ -847,18 +868,6 @@ func (l *Log) purge() error {
 	if len(victims) == 0 {
 		return nil
 	}
-	// The records that made these segments dead (prefix deletes, copies)
-	// must be durable before the files go, or a host crash could leave a
-	// state that no sequence of acknowledged operations produced.
-	if err := l.active.f.Sync(); err != nil {
-		l.segMu.Lock()
-		for _, s := range victims {
-			l.segs[s.id] = s
-		}
-		l.segMu.Unlock()
-		return fmt.Errorf("nodelog: fsync before purge: %w", err)
-	}
-	l.stats.fsyncs.Add(1)
 	// Oldest first: a crash in the middle leaves a contiguous sequence.
 	slices.Reverse(victims)
 	l.stats.queuedPurge.Add(uint64(len(victims)))
@@ -899,8 +908,6 @@ func (l *Log) Close() error {
 	l.qcond.Signal()
 	l.qmu.Unlock()
 	<-l.done
-	close(l.reap)
-	<-l.reaped
 	err := l.failed // a failed journal reports why on Close too
 	if err == nil {
 		// The shutdown record tells the next Open that nothing was lost.
@@ -910,8 +917,12 @@ func (l *Log) Close() error {
 			err = fmt.Errorf("nodelog: write on close: %w", werr)
 		} else if serr := l.active.f.Sync(); serr != nil {
 			err = fmt.Errorf("nodelog: fsync on close: %w", serr)
+		} else if l.needPurge {
+			err = l.purge()
 		}
 	}
+	close(l.reap)
+	<-l.reaped
 	if cerr := l.closeFiles(); err == nil {
 		err = cerr
 	}
