@@ -67,6 +67,10 @@ type ColdOptions struct {
 	BackoffMax time.Duration // cap of the flusher's doubling backoff (default 30s)
 }
 
+// HdrColdHotStart is the diagnostic HEAD header naming the first offset still in the hot
+// tier (sent only with a cold store).
+const HdrColdHotStart = "Stream-Cold-Hot-Start-Offset"
+
 // CodeColdBackpressure and CodeColdStoreFailed are the cold tier's error codes.
 const (
 	CodeColdBackpressure = "COLD_BACKPRESSURE"

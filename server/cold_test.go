@@ -618,6 +618,9 @@ func TestColdFlushEndpoint(t *testing.T) {
 	if res.StatusCode != 200 || !strings.Contains(string(body), streamcore.FormatOffset(300<<10)) {
 		t.Fatalf("flush-cold: %d %s", res.StatusCode, body)
 	}
+	if res, _ := coldDo(t, "HEAD", env.url("/bkt1/f1"), nil); res.Header.Get(HdrColdHotStart) != streamcore.FormatOffset(300<<10) {
+		t.Fatalf("HEAD %s: %q", HdrColdHotStart, res.Header.Get(HdrColdHotStart))
+	}
 	if env.hotStart("bkt1/f1") != 300<<10 || env.hotStart("bkt1/f2") != 0 {
 		t.Fatalf("hot starts %d %d", env.hotStart("bkt1/f1"), env.hotStart("bkt1/f2"))
 	}

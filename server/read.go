@@ -31,6 +31,7 @@ type view struct {
 	jsonArray bool      // compat family: JSON reads are one JSON array of whole messages
 	pin       any       // keeps the blocks behind data mapped (streamcore.Buffer.Pin)
 	cold      *coldPlan // bytes below the hot buffer, fetched after the View (cold_read.go)
+	hotStart  uint64    // first offset still in the hot tier
 }
 
 func (v *view) isJSON() bool { return streamcore.IsJSON(v.ct) }
@@ -122,7 +123,8 @@ func (s *Server) look(t *target, off streamcore.ReadOffset, maxBytes uint64, inc
 			return
 		}
 		v = &view{ct: str.ContentType, inc: str.Incarnation, tail: str.Tail(), retained: str.Retained,
-			closed: str.Closed, ttl: str.TTL, expiresAt: str.ExpiresAt, snap: str.Snapshot, renew: str.ReadRenewalDue(now)}
+			closed: str.Closed, ttl: str.TTL, expiresAt: str.ExpiresAt, snap: str.Snapshot, renew: str.ReadRenewalDue(now),
+			hotStart: str.Data.Base()}
 		switch {
 		case off.Now:
 			v.start = v.tail
@@ -446,6 +448,9 @@ func (s *Server) handleHead(w http.ResponseWriter, r *http.Request, t *target) {
 	h.Set("Content-Type", v.ct)
 	h.Set(streamcore.HdrStreamNextOff, streamcore.FormatOffset(v.tail))
 	h.Set(streamcore.HdrRetainedOffset, streamcore.FormatOffset(v.retained))
+	if s.cold != nil {
+		h.Set(HdrColdHotStart, streamcore.FormatOffset(max(v.hotStart, v.retained))) // diagnostic
+	}
 	h.Set(streamcore.HdrIncarnation, u64(v.inc))
 	h.Set(streamcore.HdrMaxRequestBytes, strconv.Itoa(streamcore.MaxRequestBytes))
 	if v.closed {
