@@ -30,7 +30,7 @@ import (
 //
 // Object keys (all under storage.cold.root, then the s3 prefix for the s3 backend):
 //
-//	{cluster}/{bucket}/{h}-{stream}/{incarnation}/c/{start:020d}-{end:020d}    chunk: stream bytes [start, end)
+//	{cluster}/{bucket}/{h}-{stream}/{incarnation}/c/{start:020d}-{end:020d}-{random}  chunk: bytes [start, end)
 //	{cluster}/{bucket}/{h}-{stream}/{incarnation}/s/{offset:020d}-{random}    snapshot body
 //
 // {bucket} and {stream} are path-escaped ('/' in compat stream names becomes %2F), the
@@ -197,8 +197,13 @@ func (c *coldTier) streamDir(key string, inc uint64) string {
 	return fmt.Sprintf("%s%s/%s-%s/%d/", c.root, url.PathEscape(bucket), hex.EncodeToString(sum[:8]), es, inc)
 }
 
+// chunkKey names a new chunk object. The random suffix makes every upload a new object, so
+// a retried or concurrent upload of the same range (a failed record, two nodes flushing
+// around a leader change) never overwrites an object the collector may be deleting.
 func (c *coldTier) chunkKey(key string, inc, start, end uint64) string {
-	return fmt.Sprintf("%sc/%020d-%020d", c.streamDir(key, inc), start, end)
+	var r [4]byte
+	rand.Read(r[:])
+	return fmt.Sprintf("%sc/%020d-%020d-%s", c.streamDir(key, inc), start, end, hex.EncodeToString(r[:]))
 }
 
 func (c *coldTier) snapshotKey(key string, inc, off uint64) string {
