@@ -557,3 +557,50 @@ func clone(p []byte) []byte {
 	}
 	return append([]byte(nil), p...)
 }
+
+// CaptureState returns a copy of st that WriteState can encode after the lock guarding st
+// is released, while commands keep applying to st: the copy costs the stream and producer
+// metadata, not the bytes. Stream bytes are shared (blocks are append-only: the copy's
+// blocks are capped at their current length); append-only slices are shared capped;
+// everything apply mutates in place (producers, the receipt ring) is copied.
+func CaptureState(st *State) *State {
+	c := &State{Streams: make(map[string]*Stream, len(st.Streams)), Buckets: make(map[string]bool, len(st.Buckets))}
+	for b, ok := range st.Buckets {
+		c.Buckets[b] = ok
+	}
+	for k, s := range st.Streams {
+		cs := *s
+		cs.Data = s.Data.frozen()
+		cs.Appends = s.Appends[:len(s.Appends):len(s.Appends)]
+		cs.Chunks = append([]ColdChunk(nil), s.Chunks...)
+		cs.Producers = make(map[string]*Producer, len(s.Producers))
+		for id, p := range s.Producers {
+			pc := *p
+			cs.Producers[id] = &pc
+		}
+		cs.Receipts = ReceiptWindow{ring: append([]Receipt(nil), s.Receipts.ring...), next: s.Receipts.next}
+		if s.Snapshot != nil {
+			sn := *s.Snapshot
+			cs.Snapshot = &sn
+		}
+		if s.Fork != nil {
+			f := *s.Fork
+			cs.Fork = &f
+		}
+		c.Streams[k] = &cs
+	}
+	return c
+}
+
+// frozen returns a buffer holding the same bytes whose blocks are capped at their current
+// length, so later appends to b never write into memory the copy reads.
+func (b *Buffer) frozen() Buffer {
+	nb := Buffer{base: b.base, end: b.end,
+		blocks: make([][]byte, len(b.blocks)),
+		starts: append([]uint64(nil), b.starts...),
+		arenas: append([]*arena(nil), b.arenas...)}
+	for i, blk := range b.blocks {
+		nb.blocks[i] = blk[:len(blk):len(blk)]
+	}
+	return nb
+}

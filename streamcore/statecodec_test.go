@@ -107,6 +107,13 @@ func TestStateRoundTrip(t *testing.T) {
 	if diff := deepDiff(reflect.ValueOf(st).Elem(), reflect.ValueOf(got).Elem(), "State"); diff != "" {
 		t.Fatal(diff)
 	}
+	// A capture encodes like the state, and keeps doing so while the state moves on.
+	capt := CaptureState(st)
+	var bufc bytes.Buffer
+	WriteState(&bufc, capt)
+	if !bytes.Equal(buf.Bytes(), bufc.Bytes()) {
+		t.Fatal("a capture encodes differently from its state")
+	}
 	// Encoding is canonical.
 	var buf2 bytes.Buffer
 	WriteState(&buf2, got)
@@ -119,6 +126,18 @@ func TestStateRoundTrip(t *testing.T) {
 		if r.Status != http.StatusNoContent || r.Get(HdrStreamOffset) == "" {
 			t.Fatalf("duplicate claim answer: %+v", r)
 		}
+	}
+	for i := range 300 { // grow the buffers past block boundaries, move producers and receipts
+		st.Apply(&Command{Op: OpAppend, Key: "b/bin", Now: 1_700_000_009_000, ContentType: "application/octet-stream", Body: bytes.Repeat([]byte{9}, 999), Producer: &ProducerHeaders{ID: "p1", Epoch: 2, Seq: uint64(i + 1)}})
+		st.Apply(&Command{Op: OpAppend, Key: "b/json", Now: 1_700_000_009_000, ContentType: "application/json", Body: []byte("{\"z\":1}\n"), Messages: 1})
+	}
+	if r := st.Apply(&Command{Op: OpRetain, Key: "b/bin", Now: 1_700_000_009_001, Offset: 100000}); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	bufc.Reset()
+	WriteState(&bufc, capt)
+	if !bytes.Equal(buf.Bytes(), bufc.Bytes()) {
+		t.Fatal("a capture changed when its state applied more commands")
 	}
 	// Corrupt input is refused, never a panic.
 	b := buf.Bytes()

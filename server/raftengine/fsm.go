@@ -1,7 +1,7 @@
 package raftengine
 
 import (
-	"bytes"
+	"bufio"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -144,17 +144,14 @@ func wakeAll(chs []chan struct{}) {
 	}
 }
 
-// Snapshot implements raft.FSM. The state is encoded under the read lock (appends wait
-// for the encoding, not for the disk write, which Persist does afterwards).
+// Snapshot implements raft.FSM. Under the read lock it only captures the state's
+// metadata (streamcore.CaptureState shares the append-only stream bytes); Persist encodes
+// and writes it while commands keep applying.
 func (g *group) Snapshot() (raft.FSMSnapshot, error) {
-	var buf bytes.Buffer
 	g.mu.RLock()
-	err := streamcore.WriteState(&buf, g.state)
+	st := streamcore.CaptureState(g.state)
 	g.mu.RUnlock()
-	if err != nil {
-		return nil, err
-	}
-	return &fsmSnapshot{b: buf.Bytes()}, nil
+	return &fsmSnapshot{st: st}, nil
 }
 
 // Restore implements raft.FSM.
@@ -176,14 +173,19 @@ func (g *group) Restore(rc io.ReadCloser) error {
 	return nil
 }
 
-type fsmSnapshot struct{ b []byte }
+type fsmSnapshot struct{ st *streamcore.State }
 
 func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
-	if _, err := sink.Write(s.b); err != nil {
+	w := bufio.NewWriterSize(sink, 1<<20)
+	err := streamcore.WriteState(w, s.st)
+	if err == nil {
+		err = w.Flush()
+	}
+	if err != nil {
 		sink.Cancel()
 		return err
 	}
 	return sink.Close()
 }
 
-func (s *fsmSnapshot) Release() {}
+func (s *fsmSnapshot) Release() { s.st = nil }
