@@ -54,7 +54,8 @@
 //	   or a stale frame seen at another offset, never verifies.
 //	4  magic "NL"
 //	6  record type u8
-//	7  flags u8 (0)
+//	7  flags u8: 0x01 = every byte before this frame was fsynced when
+//	   it was written; other bits must be 0
 //	8  payload length u32
 //	12 group id u64
 //	20 payload crc32c u32
@@ -122,11 +123,12 @@
 //     incomplete final frame, "corrupt" for a complete frame that failed
 //     verification, and TruncatedBytes). An engine can use TailDamage to
 //     hold its groups back until a leader confirms them.
-//   - Damage in the last segment followed by a valid frame means written
-//     data was lost in the middle. With FsyncAlways those frames were
-//     acknowledged as synced, so Open refuses (ErrCorrupt) rather than
-//     silently dropping them. With FsyncNever nothing past the page cache
-//     was promised and a host crash can reorder write-back, so the damaged
-//     region and everything after it is cut and logged.
+//   - Damage in the last segment followed by valid frames: the flusher
+//     sets flag 0x01 on the first frame of a write when every byte before it
+//     had been fsynced. If such a frame follows the damage, synced
+//     (acknowledged) data was hit: Open refuses (ErrCorrupt) in either mode.
+//     Otherwise all of it was written after the last fsync, and a host crash
+//     may have persisted later pages of a write but not earlier ones: the
+//     damaged region and everything after it is cut and logged.
 //   - A segment of an unknown format version is a *VersionError.
 package nodelog

@@ -20,6 +20,11 @@ const (
 	frameMagic1     = 0x4c // 'L'
 	frameHeaderSize = 24
 
+	// flagAfterSync marks a frame written when every byte before it in the
+	// segment had been fsynced. Recovery uses it to tell a torn tail (only
+	// unsynced frames after the damage) from damage to synced data.
+	flagAfterSync = 0x01
+
 	// entryHeaderSize: index u64, term u64, type u8, appended-at seconds i64,
 	// appended-at nanoseconds u32, data length u32, extensions length u32.
 	entryHeaderSize = 37
@@ -128,6 +133,7 @@ func sealFrame(h []byte, segID uint64, off int64) {
 // frame is one decoded, verified record. payload aliases the input buffer.
 type frame struct {
 	typ     byte
+	flags   byte
 	group   uint64
 	payload []byte
 }
@@ -157,8 +163,8 @@ func decodeFrame(b []byte, segID uint64, off int64) (frame, int, error) {
 	if crc32.Checksum(payload, castagnoli) != binary.LittleEndian.Uint32(h[20:24]) {
 		return frame{}, 0, fmt.Errorf("%w: payload checksum mismatch", errCorrupt)
 	}
-	f := frame{typ: h[6], group: binary.LittleEndian.Uint64(h[12:20]), payload: payload}
-	if h[7] != 0 {
+	f := frame{typ: h[6], flags: h[7], group: binary.LittleEndian.Uint64(h[12:20]), payload: payload}
+	if h[7]&^flagAfterSync != 0 {
 		return frame{}, 0, fmt.Errorf("%w: unknown frame flags %#x", errCorrupt, h[7])
 	}
 	if err := validatePayload(f); err != nil {

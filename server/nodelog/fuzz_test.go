@@ -74,8 +74,8 @@ func FuzzDecodeSegment(f *testing.F) {
 		if err == nil && end != int64(len(b)) {
 			t.Fatalf("no error but stopped at %d of %d", end, len(b))
 		}
-		findValidFrame(b, 3, 0)
-		findValidFrame(b, 3, 100)
+		scanAfterDamage(b, 3, 0)
+		scanAfterDamage(b, 3, 100)
 		var e raft.Log
 		decodeEntry(b, &e)
 	})

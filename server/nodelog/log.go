@@ -438,24 +438,25 @@ func (l *Log) replaySegment(seg *segment, r io.ReaderAt, size int64, rb *replayB
 }
 
 // cutTail handles damage in the last segment at offset end; rest holds the
-// file from end to EOF. Everything from end on was never acknowledged as
-// durable if it is a true tail: a torn write, or garbage after the last good
-// frame. If a valid frame still follows the damage, the damage is in the
-// middle of data that was written (and, with FsyncAlways, acknowledged as
-// synced); then only FsyncNever may cut, because a host crash there can
-// reorder page write-back and nothing was promised.
+// file from end to EOF. If a frame flagged flagAfterSync verifies after the
+// damage, everything before that frame had been fsynced when it was written:
+// the damage hit synced (acknowledged) data, a disk fault, and Open refuses
+// in either mode. Otherwise everything from end on was written after the
+// last fsync (a torn write, possibly with later unsynced frames that a host
+// crash let reach the disk out of order) and is cut.
 func (l *Log) cutTail(seg *segment, rest []byte, end int64, cause error) error {
 	kind := "corrupt"
 	if errors.Is(cause, errTorn) {
 		kind = "torn"
 	}
-	if later := findValidFrame(rest, seg.id, end); later >= 0 {
-		if l.opt.Fsync == FsyncAlways {
-			return fmt.Errorf("%w: %s damaged at offset %d (%v) but a valid frame follows at %d; refusing to cut synced data",
-				ErrCorrupt, segName(seg.id), end, cause, later)
-		}
-		l.logf("nodelog: %s damaged at offset %d (%v); valid frames follow at %d but fsync=never promised nothing past the page cache: cutting them too",
-			segName(seg.id), end, cause, later)
+	synced, unsynced := scanAfterDamage(rest, seg.id, end)
+	if synced >= 0 {
+		return fmt.Errorf("%w: %s damaged at offset %d (%v), but the frame at %d was written after an fsync covering it; refusing to cut synced data",
+			ErrCorrupt, segName(seg.id), end, cause, synced)
+	}
+	if unsynced > 0 {
+		l.logf("nodelog: %s damaged at offset %d (%v); %d valid but never synced frames follow and are cut too",
+			segName(seg.id), end, cause, unsynced)
 	}
 	cut := int64(len(rest))
 	l.logf("nodelog: cutting %d bytes of %s tail of %s at offset %d: %v", cut, kind, segName(seg.id), end, cause)
@@ -470,20 +471,27 @@ func (l *Log) cutTail(seg *segment, rest []byte, end int64, cause error) error {
 	return nil
 }
 
-// findValidFrame looks in rest (the file from offset base on) for a frame
-// after base whose header and payload verify at their position; it returns
-// that frame's offset, or -1.
-func findValidFrame(rest []byte, segID uint64, base int64) int64 {
+// scanAfterDamage looks in rest (the file from offset base on) for frames
+// after base that verify at their position. It returns the offset of the
+// first one flagged flagAfterSync (-1 if none) and how many unflagged ones
+// it saw before.
+func scanAfterDamage(rest []byte, segID uint64, base int64) (synced int64, unsynced int) {
 	for i := 1; i+frameHeaderSize <= len(rest); i++ {
 		off := base + int64(i)
 		if off < segHeaderSize || rest[i+4] != frameMagic0 || rest[i+5] != frameMagic1 {
 			continue
 		}
-		if _, _, err := decodeFrame(rest[i:], segID, off); err == nil {
-			return off
+		f, n, err := decodeFrame(rest[i:], segID, off)
+		if err != nil {
+			continue
 		}
+		if f.flags&flagAfterSync != 0 {
+			return off, unsynced
+		}
+		unsynced++
+		i += n - 1
 	}
-	return -1
+	return -1, unsynced
 }
 
 // startSegment creates segment id and makes it active.
@@ -688,6 +696,9 @@ func (l *Log) stage(fr []byte) error {
 	}
 	start := len(l.batch)
 	l.batch = append(l.batch, fr...)
+	if start == 0 && !l.unsynced {
+		l.batch[7] |= flagAfterSync
+	}
 	sealFrame(l.batch[start:], l.active.id, off)
 	l.pending = append(l.pending, pendingFrame{seg: l.active, off: off, pos: start, n: len(fr)})
 	return nil

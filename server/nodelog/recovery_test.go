@@ -1,6 +1,7 @@
 package nodelog
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"hash/crc32"
@@ -121,24 +122,49 @@ func TestGarbageAfterTailIsCut(t *testing.T) {
 	}
 }
 
-// Damage in the middle of the last segment, with valid frames after it:
-// refuse under fsync=always (synced data would be dropped), cut under never.
+// Damage in the middle of the last segment with valid frames after it: if
+// one of them was written after an fsync that covered the damaged bytes, the
+// damage hit synced data and Open refuses (in either mode); if all of them
+// were written since the last fsync, it is a torn write and all is cut.
 func TestDamageInsideLastSegment(t *testing.T) {
-	for _, mode := range []FsyncMode{FsyncAlways, FsyncNever} {
-		t.Run(mode.String(), func(t *testing.T) {
-			_, data, lastStart := journalWithTail(t, mode)
+	for _, tc := range []struct {
+		name   string
+		mode   FsyncMode
+		syncs  bool // a stable write (always synced) after each group's entries
+		refuse bool
+	}{
+		{"always", FsyncAlways, false, true},
+		{"never with a synced write after the damage", FsyncNever, true, true},
+		{"never with only unsynced writes after the damage", FsyncNever, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			bad := append([]byte(nil), data...)
-			pos := lastStart / 2
-			bad[pos] ^= 0x40
-			writeSeg(t, dir, 1, bad)
-			rec := &recorder{}
-			l, err := Open(dir, Options{Fsync: mode, Logf: rec.logf})
-			if mode == FsyncAlways {
-				if !errors.Is(err, ErrCorrupt) {
-					t.Fatalf("Open = %v, want ErrCorrupt", err)
+			l := openT(t, dir, Options{Fsync: tc.mode})
+			var mid int
+			for g := uint64(1); g <= 3; g++ {
+				if g == 2 {
+					mid = int(l.Stats().Bytes) + 30 // inside group 2's first record
 				}
-				if got, _ := os.ReadFile(filepath.Join(dir, segName(1))); len(got) != len(data) {
+				storeRange(t, l.Group(g), 1, 20, 1, 3)
+				if tc.syncs {
+					if err := l.Group(g).SetUint64([]byte("CurrentTerm"), g); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			// Simulate a crash: the files as they are, without Close.
+			data, _ := os.ReadFile(filepath.Join(dir, segName(1)))
+			l.Close()
+			data[mid] ^= 0x40
+			crashed := t.TempDir()
+			writeSeg(t, crashed, 1, data)
+			rec := &recorder{}
+			l, err := Open(crashed, Options{Fsync: tc.mode, Logf: rec.logf})
+			if tc.refuse {
+				if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "synced") {
+					t.Fatalf("Open = %v, want ErrCorrupt about synced data", err)
+				}
+				if got, _ := os.ReadFile(filepath.Join(crashed, segName(1))); len(got) != len(data) {
 					t.Fatal("refused open modified the segment")
 				}
 				return
@@ -147,16 +173,16 @@ func TestDamageInsideLastSegment(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer l.Close()
-			if st := l.Stats(); st.TailDamage != "corrupt" || st.TruncatedBytes <= int64(len(data)-lastStart) {
+			if st := l.Stats(); st.TailDamage != "corrupt" || st.TruncatedBytes != int64(len(data)-(mid-30)) {
 				t.Fatalf("stats %+v", st)
 			}
-			if !strings.Contains(rec.text(), "valid frames follow") {
-				t.Fatalf("log does not say valid frames were cut: %q", rec.text())
+			if !strings.Contains(rec.text(), "never synced frames follow") {
+				t.Fatalf("log does not say unsynced frames were cut: %q", rec.text())
 			}
+			checkGroup(t, l.Group(1), 1, 20, 1) // written before the damage
 			if li, _ := l.Group(3).LastIndex(); li != 0 {
 				t.Fatalf("group 3 (written after the damage) last index %d", li)
 			}
-			checkEntries(t, l.Group(1), 1, 20, 1) // written before the damage
 		})
 	}
 }
@@ -330,4 +356,36 @@ func TestCleanShutdownReported(t *testing.T) {
 		t.Fatalf("after a crash: %+v", st)
 	}
 	checkGroup(t, l.Group(1), 1, 5, 1)
+}
+
+// With FsyncAlways, a host crash in the middle of the final write may keep
+// later records of that write and lose earlier ones. None of it was
+// acknowledged, so it is cut rather than refused.
+func TestTornFinalWriteWithLaterRecordsIsCut(t *testing.T) {
+	dir := t.TempDir()
+	l := openT(t, dir, Options{Fsync: FsyncAlways})
+	s := l.Group(1)
+	storeRange(t, s, 1, 10, 1, 5)
+	start := int(l.Stats().Bytes)
+	var logs []*raft.Log
+	for i := uint64(11); i <= 40; i++ { // ~3 MiB: a run of records in one write
+		logs = append(logs, &raft.Log{Index: i, Term: 1, Data: bytes.Repeat([]byte{byte(i)}, 100<<10)})
+	}
+	if err := s.StoreLogs(logs); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := os.ReadFile(filepath.Join(dir, segName(1)))
+	l.Close()
+	if l.Stats().Records < 4 {
+		t.Fatalf("want the batch split into records: %+v", l.Stats())
+	}
+	data[start+100] ^= 1 // inside the first record of the final write
+	crashed := t.TempDir()
+	writeSeg(t, crashed, 1, data)
+	l = openT(t, crashed, Options{Fsync: FsyncAlways, Logf: func(string, ...any) {}})
+	defer l.Close()
+	if st := l.Stats(); st.TailDamage != "corrupt" || st.TruncatedBytes != int64(len(data)-start) {
+		t.Fatalf("stats %+v", st)
+	}
+	checkGroup(t, l.Group(1), 1, 10, 1)
 }
