@@ -329,9 +329,10 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, stderr io.Writer, logger 
 		NodeID: rc.NodeID, GroupCount: rc.GroupCount, Peers: peers, Dir: filepath.Join(dataDir, "raft"),
 		Stores: func(g uint64) (raft.LogStore, raft.StableStore, error) {
 			s := nl.Group(g)
-			// Recent entries stay in memory for replication to followers (the node log
-			// preads every GetLog otherwise).
-			c, err := raft.NewLogCache(64, s)
+			// The last 16 entries of each group stay in memory for replication to
+			// followers (the node log preads every GetLog otherwise). Small, because an
+			// entry can carry a 32 MiB body that the state machine already holds once.
+			c, err := raft.NewLogCache(16, s)
 			if err != nil {
 				return nil, nil, err
 			}
