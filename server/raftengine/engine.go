@@ -14,6 +14,14 @@
 // whose replica of the source's group lags the leader routes the brand-new fork key to its
 // hash group until it has applied the create (a brief window on followers only; the
 // leader that acknowledged the create routes correctly at once).
+//
+// Not implemented yet (see the README's cluster section): the recovery gate and vote floor
+// that keep a node which may have lost acknowledged entries under fsync=never from voting
+// (checklist-ops H); learners and membership changes (the voter set is static); forwarding
+// of reads from followers to the leader (followers redirect instead); sliding-TTL renewal
+// by reads served on a follower (the renewal is proposed there and refused as NotLeader);
+// a leadership balancer; the 500 answer of a node without peers (a single voter answers 503
+// during its first election).
 package raftengine
 
 import (
