@@ -334,12 +334,13 @@ func TestPythonNamingMatchesGo(t *testing.T) {
 // TestPythonRefusals: through a proxy in front of the real server that answers writes
 // with 402 on demand, a commit fails alone with 7178 (status: payment_required, retry)
 // and the next one goes through; a claim refused with 402 fails ursula_attach with
-// SQLITE_AUTH (23).
+// SQLITE_AUTH (23). A commit whose answer never comes poisons the file once the retry
+// budget is spent: the commit fails, reads fail with 266, until it is attached again.
 func TestPythonRefusals(t *testing.T) {
 	e := setup(t)
 	target, _ := url.Parse(e.base)
 	rp := httputil.NewSingleHostReverseProxy(target)
-	var refuse atomic.Bool
+	var refuse, drop atomic.Bool
 	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/__refuse":
@@ -347,6 +348,18 @@ func TestPythonRefusals(t *testing.T) {
 			return
 		case "/__accept":
 			refuse.Store(false)
+			drop.Store(false)
+			return
+		case "/__drop":
+			drop.Store(true)
+			return
+		}
+		if drop.Load() && r.Method == http.MethodPost {
+			// The request arrived and no answer comes: an unknown outcome.
+			io.Copy(io.Discard, r.Body)
+			if c, _, err := w.(http.Hijacker).Hijack(); err == nil {
+				c.Close()
+			}
 			return
 		}
 		if refuse.Load() && r.Method == http.MethodPost {
@@ -357,7 +370,7 @@ func TestPythonRefusals(t *testing.T) {
 		rp.ServeHTTP(w, r)
 	}))
 	defer proxy.Close()
-	out := run(t, "", nil, "/usr/bin/python3", "-c", pyPrelude+`
+	out := run(t, "", []string{"URSULA_VFS_RETRY_MS=1500"}, "/usr/bin/python3", "-c", pyPrelude+`
 import urllib.request
 def mode(m): urllib.request.urlopen(BASE + "/__" + m).read()
 url = BASE + "/pytest/pay"
@@ -373,9 +386,21 @@ print("claim", *code(lambda: q("SELECT ursula_attach(?, ?)", os.path.join(DIR, "
 mode("accept")
 c.execute("INSERT INTO t VALUES (2)")
 print("rows", c.execute("SELECT group_concat(x) FROM t").fetchone()[0])
+mode("drop")
+print("unknown", *code(lambda: c.execute("INSERT INTO t VALUES (3)")))
+st = json.loads(q("SELECT ursula_status(?)", p))
+print("poisoned", st["poisoned"], st["error"]["kind"], st["error"]["action"])
+print("read", *code(lambda: c.execute("SELECT count(*) FROM t").fetchone()))
+mode("accept")
+c.close()
+q("SELECT ursula_attach(?, ?)", p, url)
+c = sqlite3.connect(p, isolation_level=None)
+c.execute("INSERT INTO t VALUES (4)")
+print("reattached", c.execute("SELECT group_concat(x) FROM t").fetchone()[0])
 `, e.so, proxy.URL, e.dir)
 	for _, want := range []string{"commit 7178", "status False False payment_required retry",
-		"claim 23 ursula_attach: payment_required:", "rows 2"} {
+		"claim 23 ursula_attach: payment_required:", "rows 2",
+		"unknown 778", "poisoned True outcome_unknown reattach", "read 266", "reattached 2,4"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("missing %q in:\n%s", want, out)
 		}
