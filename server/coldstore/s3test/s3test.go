@@ -123,6 +123,7 @@ func (g *Gateway) Restart() error {
 		return err
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
+	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return fmt.Errorf("start versitygw: %w", err)
