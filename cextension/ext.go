@@ -408,9 +408,12 @@ func refusalChangesNothing(k replicator.Kind) bool {
 	return false
 }
 
-// statusJSON is ursula_status's answer: the replicator's Status plus the attach mode.
+// statusJSON is ursula_status's answer: the replicator's Status plus the file and the
+// attach mode, with the offset as the opaque 20-digit string ursula_attach returns (like
+// snapshot and retained; checklist-vfs Q).
 type statusJSON struct {
 	replicator.Status
+	Offset   string `json:"offset"`
 	Path     string `json:"path"`
 	ReadOnly bool   `json:"read_only"`
 }
@@ -469,7 +472,7 @@ func ursulaStatus(cpath *C.char, stats C.int, rc *C.int) (out *C.char) {
 			Note:    "this build records no per-commit measurements yet; counters since attach only",
 			Commits: s.Commits, LogBytes: s.LogBytes, Offset: streamcore.FormatOffset(s.Offset)})
 	} else {
-		b, err = json.Marshal(statusJSON{Status: s, Path: abs, ReadOnly: st.readOnly})
+		b, err = json.Marshal(statusJSON{Status: s, Offset: streamcore.FormatOffset(s.Offset), Path: abs, ReadOnly: st.readOnly})
 	}
 	if err != nil {
 		return answer(fmt.Sprintf("%s: internal: %v", fn, err), C.URSULA_ERROR, rc)

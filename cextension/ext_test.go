@@ -287,7 +287,7 @@ q("SELECT ursula_attach(?, ?)", p, url)
 c = sqlite3.connect(p, isolation_level=None)
 c.execute("CREATE TABLE t(x)"); c.execute("INSERT INTO t VALUES (1)")
 r = os.path.join(DIR, "reader.db")
-print("ro", q("SELECT ursula_attach(?, ?, 'read_only')", r, url) == q("SELECT json_extract(ursula_status(?), '$.offset')", p) or "offsets")
+print("ro", q("SELECT ursula_attach(?, ?, 'read_only')", r, url) == q("SELECT json_extract(ursula_status(?), '$.offset')", p) == q("SELECT json_extract(ursula_status(?), '$.offset')", r))
 rc = sqlite3.connect("file:" + r + "?mode=ro", uri=True, isolation_level=None)
 print("rows", rc.execute("SELECT count(*) FROM t").fetchone()[0])
 rw = sqlite3.connect(r, isolation_level=None)
@@ -299,7 +299,7 @@ print("notatt", *code(lambda: q("SELECT ursula_status(?)", os.path.join(DIR, "no
 q("SELECT ursula_set_token('secret')"); q("SELECT ursula_set_token(NULL)")
 print("token ok")
 `)
-	for _, want := range []string{"rows 1", "write 8 ", "badurl 1 ursula_attach: invalid_url:",
+	for _, want := range []string{"ro True", "rows 1", "write 8 ", "badurl 1 ursula_attach: invalid_url:",
 		"mem 1 ursula_attach: invalid_argument:", "other 1 ursula_attach: other_stream:",
 		"notatt 1 ursula_status: not_attached:", "token ok"} {
 		if !strings.Contains(out, want) {
