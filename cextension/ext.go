@@ -46,6 +46,26 @@ type dbState struct {
 	fence    *C.int // C memory; never freed (an open file may still point at it)
 	opens    int    // open main and -wal handles of this attachment
 	readOnly bool
+	stop     chan struct{}
+}
+
+// watch sets the fence flag if the replica turns unusable outside a -wal write (today
+// every transition happens inside one, where ursulaWalWrite sets the flag at once; this
+// bounds the delay for any later path, such as a background task meeting a fence).
+func (st *dbState) watch() {
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-st.stop:
+			return
+		case <-t.C:
+			if st.db.Usable() != nil {
+				C.ursula_flag_set(st.fence, 1)
+				return
+			}
+		}
+	}
 }
 
 // fileHandle is what a wrapped C file holds (as a cgo.Handle).
@@ -359,6 +379,7 @@ func attach(path, url string, readOnly bool) (uint64, error) {
 			}
 			return 0, setupErr(replicator.KindInUse, "%s is fenced or poisoned and still open here (%d file handles): close every connection to it, then attach again", abs, opens)
 		}
+		close(st.stop)
 		st.db.Detach()
 	} else if openElsewhere(abs) {
 		return 0, setupErr(replicator.KindInUse, "%s is open in this process outside the ursula VFS (or was opened before ursula_attach): close it first", abs)
@@ -374,10 +395,14 @@ func attach(path, url string, readOnly bool) (uint64, error) {
 		return 0, err
 	}
 	fence := (*C.int)(C.calloc(1, C.size_t(unsafe.Sizeof(C.int(0)))))
+	nst := &dbState{db: db, path: abs, fence: fence, readOnly: readOnly, stop: make(chan struct{})}
 	mu.Lock()
-	states[abs] = &dbState{db: db, path: abs, fence: fence, readOnly: readOnly}
+	states[abs] = nst
 	delete(failed, abs)
 	mu.Unlock()
+	if !readOnly {
+		go nst.watch()
+	}
 	if fi, err := os.Stat(abs); !readOnly && (err != nil || fi.Size() == 0) {
 		// A new database: make it WAL with 4 KiB pages before anyone writes to it.
 		cp := C.CString(abs)
@@ -390,6 +415,7 @@ func attach(path, url string, readOnly bool) (uint64, error) {
 			mu.Lock()
 			delete(states, abs)
 			mu.Unlock()
+			close(nst.stop)
 			db.Detach()
 			return 0, setupErr(replicator.KindLocalSetup, "cannot put %s in WAL mode: %s", abs, msg)
 		}
