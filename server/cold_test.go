@@ -676,3 +676,110 @@ func TestColdFormatMarker(t *testing.T) {
 		t.Fatalf("other epoch: %v", err)
 	}
 }
+
+// TestColdConcurrent shakes appends, flushes, tiered reads, retention and the collector
+// together (run it with -race): every byte a read returns is the byte written there.
+func TestColdConcurrent(t *testing.T) {
+	env := newColdEnv(t, "fs", coldSetup{flushSize: 16 << 10, hotCap: 8 << 20, cacheSize: 256 << 10, grace: 50 * time.Millisecond, maxHotAge: 20 * time.Millisecond})
+	streams := []string{"/bkt1/c1", "/bkt1/c2"}
+	for _, p := range streams {
+		env.create(p, "application/octet-stream")
+	}
+	stop := make(chan struct{})
+	errs := make(chan error, 16)
+	done := make(chan struct{})
+	var running int
+	goFn := func(f func() error) {
+		running++
+		go func() {
+			defer func() { done <- struct{}{} }()
+			if err := f(); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	stopped := func() bool {
+		select {
+		case <-stop:
+			return true
+		default:
+			return false
+		}
+	}
+	for _, p := range streams {
+		p := p
+		goFn(func() error { // writer
+			for off := uint64(0); !stopped(); {
+				n := uint64(1 + (off*7919)%20000)
+				res, body := coldDo(t, "POST", env.url(p), pattern(off, n), "Content-Type", "application/octet-stream")
+				switch res.StatusCode {
+				case 204:
+					off += n
+				case 503:
+					time.Sleep(time.Millisecond)
+				default:
+					return fmt.Errorf("append %s: %d %s", p, res.StatusCode, body)
+				}
+			}
+			return nil
+		})
+		goFn(func() error { // reader
+			rng := rand.New(rand.NewPCG(uint64(len(p)), 9))
+			for !stopped() {
+				res, _ := coldDo(t, "HEAD", env.url(p), nil)
+				tail, _ := streamcore.ParseOffset(res.Header.Get(streamcore.HdrStreamNextOff))
+				if tail == 0 {
+					continue
+				}
+				off := rng.Uint64N(tail)
+				res, body := coldDo(t, "GET", env.url(fmt.Sprintf("%s?offset=%s&max_bytes=%d", p, streamcore.FormatOffset(off), 1+rng.Uint64N(100000))), nil)
+				switch res.StatusCode {
+				case 200:
+					if !bytes.Equal(body, pattern(off, uint64(len(body)))) {
+						return fmt.Errorf("read %s at %d: %d bytes differ", p, off, len(body))
+					}
+				case 410: // below retention meanwhile
+				default:
+					return fmt.Errorf("read %s at %d: %d %s", p, off, res.StatusCode, body)
+				}
+			}
+			return nil
+		})
+		goFn(func() error { // snapshot + retention
+			for !stopped() {
+				time.Sleep(30 * time.Millisecond)
+				res, _ := coldDo(t, "HEAD", env.url(p), nil)
+				tail, _ := streamcore.ParseOffset(res.Header.Get(streamcore.HdrStreamNextOff))
+				at := tail / 2
+				res, body := coldDo(t, "PUT", env.url(p+"/snapshot/"+streamcore.FormatOffset(at)), pattern(at, 1<<20+at%1000), "Content-Type", "application/octet-stream")
+				if res.StatusCode != 204 && res.StatusCode != 409 {
+					return fmt.Errorf("snapshot %s at %d: %d %s", p, at, res.StatusCode, body)
+				}
+				if res.StatusCode == 204 {
+					if res, body := coldDo(t, "PUT", env.url(p+"/retention/"+streamcore.FormatOffset(at)), nil); res.StatusCode != 204 {
+						return fmt.Errorf("retention %s at %d: %d %s", p, at, res.StatusCode, body)
+					}
+				}
+			}
+			return nil
+		})
+	}
+	time.Sleep(3 * time.Second)
+	close(stop)
+	for ; running > 0; running-- {
+		<-done
+	}
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	st := env.srv.ColdStats()
+	if st.FlushedObjects == 0 || st.GCDeletedObjects == 0 || st.ColdReadBytes == 0 {
+		t.Fatalf("the run did not exercise the cold tier: %+v", st)
+	}
+	t.Logf("%+v", st)
+	env.srv.StopCold()
+	if n := env.srv.ColdStats().PinnedObjectsInRead; n != 0 {
+		t.Fatalf("%d objects still pinned with no read or flush running", n)
+	}
+}
