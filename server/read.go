@@ -2,11 +2,14 @@ package server
 
 import (
 	"context"
+	"errors"
+	"io"
 	"net/http"
 	"net/url"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -250,11 +253,48 @@ func gone(v *view) *streamcore.Error {
 
 func u64(v uint64) string { return strconv.FormatUint(v, 10) }
 
-// renew proposes the read renewal of a sliding TTL when one is due.
+// renew proposes the read renewal of a sliding TTL when one is due. On a follower of a
+// replicated engine the proposal is refused (NotLeader); the renewal is then asked of the
+// leader in the background, as a GET ?offset=now (a read that renews there), at most once
+// a second per stream.
 func (s *Server) renew(ctx context.Context, t *target, v *view) {
-	if v != nil && v.renew {
-		s.engine.Propose(ctx, &streamcore.Command{Op: streamcore.OpTouch, Key: t.key, Now: s.now()})
+	if v == nil || !v.renew {
+		return
 	}
+	_, err := s.engine.Propose(ctx, &streamcore.Command{Op: streamcore.OpTouch, Key: t.key, Now: s.now()})
+	var nl *NotLeaderError
+	if err != nil && errors.As(err, &nl) && nl.LeaderURL != "" {
+		forwardRenewal(strings.TrimRight(nl.LeaderURL, "/") + t.url + "?offset=now")
+	}
+}
+
+var renewForwards struct {
+	sync.Mutex
+	last map[string]time.Time
+}
+
+var renewClient = &http.Client{Timeout: 2 * time.Second,
+	CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+func forwardRenewal(u string) {
+	now := time.Now()
+	renewForwards.Lock()
+	if renewForwards.last == nil || len(renewForwards.last) > 10000 {
+		renewForwards.last = map[string]time.Time{}
+	}
+	if last, ok := renewForwards.last[u]; ok && now.Sub(last) < time.Second {
+		renewForwards.Unlock()
+		return
+	}
+	renewForwards.last[u] = now
+	renewForwards.Unlock()
+	go func() {
+		res, err := renewClient.Get(u)
+		if err == nil {
+			io.Copy(io.Discard, io.LimitReader(res.Body, 1<<16))
+			res.Body.Close()
+		}
+	}()
 }
 
 // trimText shortens a text window so it never ends inside a UTF-8 code point and, for

@@ -18,9 +18,9 @@
 // Not implemented yet (see the README's cluster section): the recovery gate and vote floor
 // that keep a node which may have lost acknowledged entries under fsync=never from voting
 // (checklist-ops H); learners and membership changes (the voter set is static); forwarding
-// of reads from followers to the leader (followers redirect instead); sliding-TTL renewal
-// by reads served on a follower (the renewal is proposed there and refused as NotLeader);
-// a leadership balancer; the 500 answer of a node without peers (a single voter answers 503
+// of reads from followers to the leader (followers redirect instead; a follower asks the
+// leader to renew a sliding TTL its reads made due, see server.renew); a leadership
+// balancer; the 500 answer of a node without peers (a single voter answers 503
 // during its first election).
 package raftengine
 

@@ -107,3 +107,39 @@ func TestFollowerAnswers(t *testing.T) {
 		}
 	}
 }
+
+// TestFollowerReadsRenewSlidingTTL: reads served by a follower keep a sliding-TTL stream
+// alive (the follower asks the leader to renew it), as reads on the leader do.
+func TestFollowerReadsRenewSlidingTTL(t *testing.T) {
+	c := newCluster(t, clusterOpts{nodes: 3, groups: 2, raft: "heartbeat_timeout_ms = 500"})
+	c.startAll()
+	key := "expiring/stream"
+	g := fnvGroup(key, 2)
+	leader := c.leaderOf(g, c.nodes[0])
+	if leader == 0 {
+		t.Fatal("no leader")
+	}
+	L, F := c.nodes[leader-1], c.nodes[leader%3]
+	res, _, err := httpDo(http.MethodPut, L.url+"/"+key, []byte("x"), map[string]string{"Content-Type": "text/plain", "Stream-TTL": "2"})
+	if err != nil || res.StatusCode != http.StatusCreated {
+		t.Fatalf("create: %v %v", err, res)
+	}
+	// Read on the follower for 4.5 s (more than two TTLs), never on the leader.
+	start := time.Now()
+	for time.Since(start) < 4500*time.Millisecond {
+		res, body, err := httpDo(http.MethodGet, F.url+"/"+key+"?offset=-1", nil, nil)
+		if err == nil && res.StatusCode == http.StatusOK && string(body) == "x" {
+			time.Sleep(300 * time.Millisecond)
+			continue
+		}
+		if err == nil && res.StatusCode == http.StatusTemporaryRedirect && time.Since(start) < time.Second {
+			time.Sleep(50 * time.Millisecond) // the follower has not applied the create yet
+			continue
+		}
+		t.Fatalf("after %v the follower answers %v %v %q: the stream expired although read", time.Since(start), err, res, body)
+	}
+	res, _, err = httpDo(http.MethodHead, L.url+"/"+key, nil, nil)
+	if err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("leader HEAD after follower reads: %v %v", err, res)
+	}
+}
