@@ -113,7 +113,23 @@ func TestSingleVoterRestart(t *testing.T) {
 		t.Fatalf("delete: %+v", r)
 	}
 	delete(want, "b/s0")
-	time.Sleep(200 * time.Millisecond) // let a snapshot happen
+	// Raft snapshots compact the logs (threshold 50 entries, checked every 50 ms).
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		snapped := 0
+		for _, g := range e.groups {
+			if g.r.Stats()["last_snapshot_index"] != "0" {
+				snapped++
+			}
+		}
+		if snapped == len(e.groups) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d groups took a raft snapshot", snapped, len(e.groups))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	check := func(e *Engine) {
 		t.Helper()
 		for k, v := range want {
