@@ -146,6 +146,9 @@ func (s *Server) handleAppend(w http.ResponseWriter, r *http.Request, t *target)
 			return
 		}
 	}
+	if !s.writeHere(w, r, t.key) {
+		return
+	}
 	body, e := readBody(w, r)
 	if e != nil {
 		s.writeError(w, r, e)
@@ -185,6 +188,26 @@ func (s *Server) handleAppend(w http.ResponseWriter, r *http.Request, t *target)
 		s.metrics.appendBytes.Add(uint64(len(stored)))
 	}
 	s.writeResult(w, r, t, res)
+}
+
+// writeHere checks, before an append's body is read, that this node leads the stream's
+// group on a replicated engine; otherwise it answers 307 to the leader (503 while none is
+// known), marked x-ursula-not-applied: NotLeader since nothing was proposed, without
+// reading a body the leader would have to receive again.
+func (s *Server) writeHere(w http.ResponseWriter, r *http.Request, key string) bool {
+	lv, ok := s.engine.(LeaderVerifier)
+	if !ok {
+		return true
+	}
+	err := lv.LeaderHint(key)
+	if err == nil {
+		return true
+	}
+	if e := leaderError(err, true); e != nil {
+		s.writeError(w, r, e)
+		return false
+	}
+	return true
 }
 
 func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request, t *target) {

@@ -54,6 +54,7 @@ for i in 1 2 3; do
   ok=0
   for _ in $(seq 1 300); do
     if curl -fsS "http://127.0.0.1:$((base + i))/__ursula/ready" >/dev/null 2>&1; then ok=1; break; fi
+    kill -0 "${pids[$((i - 1))]}" 2>/dev/null || break # exited (a port in use, a bad config)
     sleep 0.1
   done
   if [ $ok = 0 ]; then
