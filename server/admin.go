@@ -146,6 +146,7 @@ type MetricsSnapshot struct {
 	Requests      map[string]uint64  `json:"requests_total"`
 	RequestSecs   map[string]float64 `json:"request_seconds_total"`
 	Cold          *ColdStats         `json:"cold,omitempty"` // with a cold store (cold.go)
+	Raft          any                `json:"raft,omitempty"` // raft engine: GET /__ursula/raft/status
 }
 
 // Snapshot returns the current metrics.
@@ -169,6 +170,9 @@ func (s *Server) MetricsSnapshot() MetricsSnapshot {
 	if s.cold != nil {
 		cs := s.ColdStats()
 		ms.Cold = &cs
+	}
+	if ra, ok := s.engine.(RaftAdmin); ok {
+		ms.Raft = ra.RaftStatus()
 	}
 	return ms
 }
