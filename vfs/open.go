@@ -114,4 +114,3 @@ func Status(path string) (replicator.Status, error) {
 	}
 	return db.replica.Status(), nil
 }
-
