@@ -13,6 +13,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ursula-go/ursula/streamcore"
@@ -36,11 +37,16 @@ type Options struct {
 	Log              io.Writer // logfmt events; default stderr
 
 	tokenFile string // URSULA_VFS_TOKEN_FILE, re-read on every 401
+	tokenSeen uint64 // tokenVersion last applied
 }
 
 // reloadToken reads the token file again. An empty, missing or unreadable file keeps the
 // last token (a half-written rotation must not log everyone out).
 func (o *Options) reloadToken() {
+	if tok := tokenOverride.Load(); tok != nil {
+		o.Client.SetToken(*tok)
+		return
+	}
 	if o.tokenFile == "" {
 		return
 	}
@@ -50,6 +56,35 @@ func (o *Options) reloadToken() {
 		return
 	}
 	fmt.Fprintf(o.Log, "sqlite-ursula-vfs level=warn event=token_file_unreadable file=%q\n", o.tokenFile)
+}
+
+// tokenOverride is the process-wide token of SetToken; it takes precedence over
+// URSULA_VFS_TOKEN_FILE until SetToken("") clears it.
+var (
+	tokenOverride atomic.Pointer[string]
+	tokenVersion  atomic.Uint64
+)
+
+// SetToken sets the bearer token every replica of this process sends from its next
+// request on, over URSULA_VFS_TOKEN_FILE; "" clears it (back to the token file).
+func SetToken(token string) {
+	if token == "" {
+		tokenOverride.Store(nil)
+	} else {
+		tokenOverride.Store(&token)
+	}
+	tokenVersion.Add(1)
+}
+
+// syncToken applies a SetToken made since the last look (one atomic load per request).
+func (o *Options) syncToken() {
+	if v := tokenVersion.Load(); v != o.tokenSeen {
+		o.tokenSeen = v
+		if tokenOverride.Load() == nil && o.tokenFile == "" {
+			o.Client.SetToken("")
+		}
+		o.reloadToken()
+	}
 }
 
 func (o *Options) defaults() error {
@@ -131,6 +166,7 @@ type Replica struct {
 	incarnation string
 	savedAt     time.Time // last sidecar write
 	attachMode  string    // "resumed" or "rebuilt"
+	attachMs    int64
 
 	mu       sync.Mutex
 	epoch    uint64
@@ -160,6 +196,7 @@ type Replica struct {
 // holds data (not_found: a stream is never replaced). A missing stream with an empty or
 // absent file is created.
 func Attach(ctx context.Context, streamURL, path string, opts Options) (*Replica, error) {
+	attachStart := time.Now()
 	if err := CheckURL(streamURL); err != nil {
 		return nil, err
 	}
@@ -205,6 +242,7 @@ func Attach(ctx context.Context, streamURL, path string, opts Options) (*Replica
 			return nil, err
 		}
 	}
+	r.attachMs = time.Since(attachStart).Milliseconds()
 	r.attachMode = "resumed"
 	if why != "" {
 		r.attachMode = "rebuilt"
@@ -366,6 +404,7 @@ func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 	backoff := 50 * time.Millisecond
 	var unknown error // the first attempt whose outcome is unknown: later refusals prove nothing
 	for attempt := 1; ; attempt++ {
+		r.opts.syncToken()
 		actx, cancel := context.WithTimeout(ctx, min(r.opts.AttemptLimit, time.Until(deadline)))
 		wr, err := r.opts.Client.Append(actx, r.url, body, opts)
 		cancel()
@@ -379,7 +418,6 @@ func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 			start, _ := streamcore.ParseOffset(wr.Offset)
 			r.seq, r.tail = seq, end
 			r.commits++
-			r.retries += uint64(attempt - 1)
 			r.logBytes += end - start
 			if r.lastErr != nil && !r.poisoned && !r.fenced {
 				r.logf("writes_resumed", "after=%s", r.lastErr.Kind)
@@ -423,6 +461,7 @@ func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 			}
 			return r.fail(newError(v.kind, ActionRetry, err, "%s after %d attempts within %v; nothing of the commit reached the stream and the database stays usable", v.reason, attempt, r.opts.RetryBudget), false)
 		}
+		r.retries++
 		r.logf("append_retry", "attempt=%d seq=%d reason=%q", attempt, seq, err.Error())
 		if v.kind == KindUnauthorized {
 			r.opts.reloadToken()
@@ -558,6 +597,13 @@ type Status struct {
 	LogBytes   uint64 `json:"log_bytes"` // log since the latest snapshot (the whole log when none)
 	Poisoned   bool   `json:"poisoned"`
 	Fenced     bool   `json:"fenced"`
+	Reason     string `json:"reason"` // why poisoned or fenced
+
+	AppendRetries uint64 `json:"append_retries"` // attempts beyond the first (unknown outcomes, 429, 503, 307, 401)
+	AttachMs      int64  `json:"attach_ms"`
+	WritesRefused bool   `json:"writes_refused"` // the last commit was refused (nothing written, file usable)
+	RefusedKind   Kind   `json:"refused_kind,omitempty"`
+	RefusedReason string `json:"refused_reason,omitempty"`
 
 	// Snapshots (snapshot.go). Offsets are strings, "-1" = none (checklist Q152).
 	Snapshot         string `json:"snapshot"`           // latest snapshot offset known
@@ -571,7 +617,7 @@ type Status struct {
 		Kind    Kind   `json:"kind"`
 		Action  Action `json:"action"`
 		Message string `json:"message"`
-	} `json:"error,omitempty"`
+	} `json:"error"` // null while writes go through
 }
 
 // Status returns the replica's state.
@@ -580,6 +626,12 @@ func (r *Replica) Status() Status {
 	defer r.mu.Unlock()
 	st := Status{URL: r.url, AttachMode: r.attachMode, Offset: r.tail, Epoch: r.epoch, Commits: r.commits, LogBytes: r.logBytes, Poisoned: r.poisoned, Fenced: r.fenced}
 	r.snapshotStatus(&st)
+	st.AppendRetries, st.AttachMs = r.retries, r.attachMs
+	if r.stopErr != nil {
+		st.Reason = r.stopErr.Message
+	} else if e := r.lastErr; e != nil {
+		st.WritesRefused, st.RefusedKind, st.RefusedReason = true, e.Kind, e.Message
+	}
 	if e := r.lastErr; e != nil {
 		st.Error = &struct {
 			Kind    Kind   `json:"kind"`

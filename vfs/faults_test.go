@@ -230,3 +230,56 @@ func TestTooLarge(t *testing.T) {
 		t.Fatalf("rebuild has %d rows", n)
 	}
 }
+
+// TestTokenAndStatus: SetToken takes effect on the next commit; a 401 that persists
+// through the budget fails the commit alone as unauthorized, with the status fields of
+// checklist-vfs Q (writes_refused, refused_kind, error) set, and cleared by the next
+// successful commit (checklist-vfs X, T34, T53).
+func TestTokenAndStatus(t *testing.T) {
+	t.Setenv("URSULA_VFS_RETRY_MS", "300")
+	base := startServer(t)
+	u, _ := neturl.Parse(base)
+	rp := httputil.NewSingleHostReverseProxy(u)
+	var unauthorized atomic.Int64
+	gate := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer good" {
+			unauthorized.Add(1)
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	defer gate.Close()
+	SetToken("good")
+	defer SetToken("")
+	path := filepath.Join(t.TempDir(), "tok.db")
+	db, err := Open(gate.URL+"/tokens/db", Options{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	mustExec(t, db, `CREATE TABLE t(x)`)
+	st, _ := Status(path)
+	if st.Error != nil || st.WritesRefused || st.Commits != 1 || st.AttachMs < 0 {
+		t.Fatalf("status after a commit: %+v", st)
+	}
+	SetToken("bad")
+	_, err = db.Exec(`INSERT INTO t VALUES (1)`)
+	var e *Error
+	if !errors.As(err, &e) || e.Kind != replicator.KindUnauthorized || e.Action != replicator.ActionRetry {
+		t.Fatalf("commit with a bad token: %v", err)
+	}
+	if unauthorized.Load() < 2 {
+		t.Errorf("the 401 was not retried (%d attempts)", unauthorized.Load())
+	}
+	st, _ = Status(path)
+	if !st.WritesRefused || st.RefusedKind != replicator.KindUnauthorized || st.Error == nil || st.Poisoned || st.AppendRetries == 0 {
+		t.Fatalf("status after a refused commit: %+v", st)
+	}
+	SetToken("good")
+	mustExec(t, db, `INSERT INTO t VALUES (2)`)
+	st, _ = Status(path)
+	if st.WritesRefused || st.Error != nil || count(t, db, `SELECT count(*) FROM t`) != 1 {
+		t.Fatalf("status after recovery: %+v", st)
+	}
+}

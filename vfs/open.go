@@ -114,3 +114,7 @@ func Status(path string) (replicator.Status, error) {
 	}
 	return db.replica.Status(), nil
 }
+
+// SetToken sets the bearer token every replicated database of this process sends, over
+// URSULA_VFS_TOKEN_FILE, from its next request on; "" clears it.
+func SetToken(token string) { replicator.SetToken(token) }
