@@ -82,10 +82,11 @@ for target in $targets; do
       # Six fixed offsets from a random base; another process may hold one: retry elsewhere.
       for attempt in 1 2 3 4 5; do
         base=$(( $("$root/bin/ursula-bench" freeport 1) % 20000 + 30000 ))
-        URSULA_CLUSTER_BASE_PORT=$base URSULA_BIN="$root/bin/ursula" test/cluster/cluster.sh --background "$data" >/dev/null 2>"$data/cluster.err" && break
+        cdir="$data/attempt$attempt" # fresh: a node's raft state remembers its peers' addresses
+        URSULA_CLUSTER_BASE_PORT=$base URSULA_BIN="$root/bin/ursula" test/cluster/cluster.sh --background "$cdir" >/dev/null 2>"$data/cluster.err" && break
         [ $attempt = 5 ] && { cat "$data/cluster.err" >&2; exit 1; }
       done
-      read -r -a cpids <"$data/pids"
+      read -r -a cpids <"$cdir/pids"
       pids+=("${cpids[@]}")
       test/cluster/lead.sh "http://127.0.0.1:$((base + 1))" 1
       url="http://127.0.0.1:$((base + 1))/bench"

@@ -54,12 +54,14 @@ for i in 1 2 3; do
   ok=0
   for _ in $(seq 1 300); do
     if curl -fsS "http://127.0.0.1:$((base + i))/__ursula/ready" >/dev/null 2>&1; then ok=1; break; fi
-    kill -0 "${pids[$((i - 1))]}" 2>/dev/null || break # exited (a port in use, a bad config)
+    dead=0
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || dead=1; done
+    [ $dead = 1 ] && break # a node exited (a port in use, a bad config)
     sleep 0.1
   done
   if [ $ok = 0 ]; then
-    echo "node $i did not become ready; log:" >&2
-    tail -20 "$dir/node$i.log" >&2
+    echo "node $i did not become ready; logs:" >&2
+    for j in 1 2 3; do tail -3 "$dir/node$j.log" >&2; done
     stop
     exit 1
   fi
