@@ -30,6 +30,10 @@ pids=()
 stop_all() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  # Cluster nodes are not our children (cluster.sh started them): wait for their exit.
+  for p in "${pids[@]}"; do
+    for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+  done
   pids=()
 }
 cleanup() { stop_all; rm -rf "$work"; }
