@@ -1,9 +1,12 @@
 package vfs
 
 import (
+	"database/sql"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/ursula-go/ursula/replicator"
 )
 
 // TestNaming: checklist-vfs H, T49. Spellings of one stream share a file; different
@@ -66,4 +69,50 @@ func TestNaming(t *testing.T) {
 	if err != nil || !strings.Contains(p, "/sqlite-ursula/demo-notes-") {
 		t.Fatalf("%s %v", p, err)
 	}
+}
+
+// TestReadOnlySlots: read-only opens without a Path use <name>-ro1.db .. -ro8.db beside
+// the owner's default file; a ninth is in_use (checklist-vfs H54, H59, T43).
+func TestReadOnlySlots(t *testing.T) {
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	base := startServer(t)
+	url := base + "/slots/db"
+	owner, err := Open(url, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close()
+	mustExec(t, owner, `CREATE TABLE t(x)`)
+	mustExec(t, owner, `INSERT INTO t VALUES (1)`)
+	var readers []*sql.DB
+	defer func() {
+		for _, r := range readers {
+			r.Close()
+		}
+	}()
+	for n := 1; n <= 8; n++ {
+		r, err := Open(url, Options{ReadOnly: true})
+		if err != nil {
+			t.Fatalf("reader %d: %v", n, err)
+		}
+		readers = append(readers, r)
+		if c := count(t, r, `SELECT count(*) FROM t`); c != 1 {
+			t.Fatalf("reader %d sees %d rows", n, c)
+		}
+		if _, err := r.Exec(`INSERT INTO t VALUES (2)`); err == nil {
+			t.Fatalf("reader %d wrote", n)
+		}
+	}
+	_, err = Open(url, Options{ReadOnly: true})
+	if e, ok := replicator.AsError(err); !ok || e.Kind != replicator.KindInUse || !strings.Contains(e.Message, "Options.Path") {
+		t.Fatalf("ninth reader: %v", err)
+	}
+	readers[3].Close()
+	readers = append(readers[:3], readers[4:]...)
+	r, err := Open(url, Options{ReadOnly: true})
+	if err != nil {
+		t.Fatalf("a freed slot is not reused: %v", err)
+	}
+	readers = append(readers, r)
+	mustExec(t, owner, `INSERT INTO t VALUES (3)`) // the owner is not fenced by readers
 }

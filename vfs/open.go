@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"path/filepath"
+	"strings"
 
 	"github.com/ncruces/go-sqlite3"
 	"github.com/ncruces/go-sqlite3/driver"
@@ -51,7 +52,12 @@ func Open(streamURL string, opts Options) (*sql.DB, error) {
 		return nil, err
 	}
 	register()
-	db, err := Attach(path, streamURL, AttachOptions{ReadOnly: opts.ReadOnly, Client: opts.Client})
+	var db *Database
+	if opts.ReadOnly && opts.Path == "" {
+		path, db, err = attachReadOnlySlot(path, streamURL, opts)
+	} else {
+		db, err = Attach(path, streamURL, AttachOptions{ReadOnly: opts.ReadOnly, Client: opts.Client})
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -113,6 +119,26 @@ func Status(path string) (replicator.Status, error) {
 		return replicator.Status{URL: db.url}, nil
 	}
 	return db.replica.Status(), nil
+}
+
+// attachReadOnlySlot attaches a read-only copy under the default name: <name>-ro1.db up
+// to -ro8.db, the first not held by another reader (checklist-vfs H59), so readers run
+// beside the owner and each other.
+func attachReadOnlySlot(ownerPath, streamURL string, opts Options) (string, *Database, error) {
+	stem := strings.TrimSuffix(ownerPath, ".db")
+	for n := 1; n <= 8; n++ {
+		p := fmt.Sprintf("%s-ro%d.db", stem, n)
+		if Lookup(p) != nil {
+			continue // a reader of this process holds it
+		}
+		db, err := Attach(p, streamURL, AttachOptions{ReadOnly: true, Client: opts.Client})
+		if e, ok := replicator.AsError(err); ok && e.Kind == replicator.KindInUse {
+			continue
+		}
+		return p, db, err
+	}
+	return "", nil, &Error{Kind: replicator.KindInUse, Action: replicator.ActionFix,
+		Message: fmt.Sprintf("8 read-only copies of %s are open already (%s-ro1.db .. -ro8.db); give Options.Path to open another", streamURL, filepath.Base(stem))}
 }
 
 // SetToken sets the bearer token every replicated database of this process sends, over
