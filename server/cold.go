@@ -54,6 +54,21 @@ type ColdEngine interface {
 	ColdRefs(fn func(key string))
 }
 
+// ColdEngineProvider is implemented by an engine that offers its ColdEngine as a separate
+// value (the raft engine, whose own GroupOf has another signature).
+type ColdEngineProvider interface {
+	ColdEngine() ColdEngine
+}
+
+// ColdCollectorGate is implemented by a replicated engine's ColdEngine. The collector then
+// runs only where ColdCollectHere says (one node at a time, a leader), and deletes an
+// object only after every voter named by ColdPeers answered that none of its replicas
+// references or pins it (POST /__ursula/cold-refs, cold_gc.go).
+type ColdCollectorGate interface {
+	ColdCollectHere() bool
+	ColdPeers() []string // HTTP base URLs of the other voters
+}
+
 // HotStream is a stream with unflushed bytes [HotStart, Tail).
 type HotStream struct {
 	Key         string
@@ -112,6 +127,9 @@ func (s *Server) EnableCold(store coldstore.Store, cfg coldstore.Config, opts Co
 		return nil
 	}
 	ce, ok := s.engine.(ColdEngine)
+	if p, isP := s.engine.(ColdEngineProvider); !ok && isP {
+		ce, ok = p.ColdEngine(), true
+	}
 	if !ok {
 		return fmt.Errorf("the %s engine does not support the cold tier yet; set storage.cold.backend = \"none\"", s.engine.Stats().Engine)
 	}
@@ -254,6 +272,13 @@ func (s *Server) coldAdmit(key string, bodyLen int) *streamcore.Error {
 	if c.eng.GroupHotBytes(c.eng.GroupOf(key)) < limit {
 		return nil
 	}
+	// A replicated engine's follower holds the same hot bytes as the leader: it answers
+	// the redirect (or no-leader 503) first, as it would without the cold tier.
+	if lv, ok := s.engine.(LeaderVerifier); ok {
+		if e := leaderError(lv.LeaderHint(key), true); e != nil {
+			return e
+		}
+	}
 	c.backpressure.Add(1)
 	return streamcore.Errorf(http.StatusServiceUnavailable, CodeColdBackpressure, "the stream's group holds more unflushed bytes than storage.cold.max_hot_size_per_group; retry once the cold flush catches up").
 		With(streamcore.HdrRetryAfter, "1").With(streamcore.HdrNotApplied, "ColdBackpressure")
@@ -308,6 +333,14 @@ func (s *Server) handleFlushCold(w http.ResponseWriter, r *http.Request, raw str
 		return
 	}
 	key := segs[0] + "/" + segs[1]
+	// Only the leader of the stream's group flushes it (its record goes through Raft).
+	if lv, ok := s.engine.(LeaderVerifier); ok {
+		if e := leaderError(lv.LeaderHint(key), false); e != nil {
+			drainBody(r)
+			s.writeError(w, r, e)
+			return
+		}
+	}
 	var hotStart uint64
 	found := false
 	s.engine.View(key, s.now(), func(_ *streamcore.State, str *streamcore.Stream) {
@@ -357,6 +390,11 @@ func checkFormatMarker(store coldstore.Store, root string) error {
 	other := ""
 	if err := store.List(ctx, root, func(o coldstore.ObjectInfo) bool { other = o.Key; return false }); err != nil {
 		return fmt.Errorf("object storage %s: %w", where, err)
+	}
+	if other == root+FormatMarker {
+		// Another node of the cluster wrote the marker meanwhile (nodes sharing a store
+		// start together): check it like one that was there.
+		return checkFormatMarker(store, root)
 	}
 	if other != "" {
 		return fmt.Errorf("object storage %s is not empty and has no %s marker (found %s): point storage.cold.root at an empty prefix used only by this cluster", where, FormatMarker, other)

@@ -25,6 +25,9 @@ func (s *Server) stageSnapshot(key string, c *streamcore.Command) (string, *stre
 	if int64(len(c.Body)) < int64(ct.cfg.SnapshotMinSize) {
 		return "", nil
 	}
+	if lv, ok := s.engine.(LeaderVerifier); ok && lv.LeaderHint(key) != nil {
+		return "", nil // not the leader: the publish answers the redirect, nothing staged
+	}
 	var inc uint64
 	s.engine.View(key, s.now(), func(_ *streamcore.State, str *streamcore.Stream) {
 		if str != nil {

@@ -147,6 +147,10 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		s.handleRaftAdmin(w, r, raw)
 		return
 	}
+	if raw == "/__ursula/cold-refs" {
+		s.handleColdRefs(w, r) // cold_gc.go
+		return
+	}
 	if strings.HasPrefix(raw, "/__ursula/flush-cold/") {
 		s.handleFlushCold(w, r, raw) // cold.go
 		return

@@ -13,7 +13,9 @@ import (
 // storageConfig is the [storage] section of the config file:
 //
 //	[storage.cold]
-//	backend = "fs"                 # "none" (default), "fs" or "s3"
+//	backend = "fs"                 # "fs", "s3" or "none"; default: "fs" for a single
+//	                               # raft voter, "none" for a raft cluster (its nodes need
+//	                               # one shared store) and for the memory engine
 //	root = "ursula-prod"           # key prefix of every cold object
 //	dir = "./ursula-data/cold"     # fs backend (default: DATA/cold)
 //	flush_interval = "1s"
@@ -38,10 +40,25 @@ type storageConfig struct {
 	Cold coldstore.Config `toml:"cold"`
 }
 
+// defaultColdBackend is storage.cold.backend when the config leaves it out: "fs" under
+// DATA/cold for a single raft voter (DESIGN.md §3 "Defaults"); "none" for the memory
+// engine (its streams do not survive a restart, their objects would only pile up) and for
+// a raft cluster, whose voters must share one store (s3, or fs on a shared directory),
+// which a per-node default directory is not.
+func defaultColdBackend(engine string, voters int) string {
+	if engine == "raft" && voters <= 1 {
+		return "fs"
+	}
+	return "none"
+}
+
 // enableCold opens the configured cold store and attaches it to srv (nothing for
 // backend "none"). The caller defers srv.StopCold().
-func enableCold(srv *server.Server, sc *storageConfig, dataDir string, logger *slog.Logger) error {
+func enableCold(srv *server.Server, sc *storageConfig, dataDir, engine string, voters int, logger *slog.Logger) error {
 	cfg := sc.Cold
+	if cfg.Backend == "" {
+		cfg.Backend = defaultColdBackend(engine, voters)
+	}
 	if cfg.Backend == "fs" && cfg.Dir == "" {
 		cfg.Dir = filepath.Join(dataDir, "cold")
 	}
@@ -57,6 +74,9 @@ func enableCold(srv *server.Server, sc *storageConfig, dataDir string, logger *s
 	}
 	if err := srv.EnableCold(store, cfg, server.ColdOptions{}); err != nil {
 		return fmt.Errorf("cold store: %w", err)
+	}
+	if voters > 1 && cfg.Backend == "fs" {
+		logger.Warn("cold tier: with several voters, storage.cold.dir must be one directory every node shares (followers read what leaders flushed)", "dir", cfg.Dir)
 	}
 	logger.Info("cold tier enabled", "backend", cfg.Backend, "root", cfg.Root, "dir", cfg.Dir, "bucket", cfg.S3.Bucket, "endpoint", cfg.S3.Endpoint)
 	return nil

@@ -53,7 +53,7 @@ force_path_style = true
 	}
 	data := t.TempDir()
 	srv := server.New(server.NewMemoryEngine(0), server.Config{ClusterID: "c"})
-	if err := enableCold(srv, &fc.Storage, data, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+	if err := enableCold(srv, &fc.Storage, data, "memory", 0, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatal(err)
 	}
 	srv.StopCold()
@@ -62,7 +62,7 @@ force_path_style = true
 	}
 	bad := fileConfig{}
 	bad.Storage.Cold.Backend = "s3"
-	err = enableCold(srv, &bad.Storage, data, slog.Default())
+	err = enableCold(srv, &bad.Storage, data, "memory", 0, slog.Default())
 	if err == nil || !strings.Contains(err.Error(), "storage.cold.s3.bucket is required when cold backend is 's3'") {
 		t.Fatalf("missing bucket: %v", err)
 	}

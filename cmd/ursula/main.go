@@ -59,14 +59,21 @@ Server flags (flags override the config file):
                        url = "http://127.0.0.1:4437"
                        raft_addr = "127.0.0.1:5437"
                        # ... one [[raft.peers]] per voter, this node included
+                       [storage.cold]
+                       backend = "fs"             # or "s3" ([storage.cold.s3]) or "none"
+                       dir = "/shared/ursula-cold" # fs: default <data_dir>/cold
   --engine NAME    "raft" (default): persistent, replicated when peers are configured; with
                    no peers a single voter. "memory": streams live in process memory only.
   --node-id N      overrides raft.node_id, so one config file can serve every node
   --cpuprofile F   write a Go CPU profile to F until shutdown (for performance work)
 
 With no config, ursula server runs one persistent node (Raft, a single voter) under
-./ursula-data: a restart keeps every acknowledged write. fsync = "never" survives a process
-crash (kill -9); only fsync = "always" survives a host crash or power loss.
+./ursula-data, with the fs cold tier in ./ursula-data/cold (old stream bytes move from
+memory to chunk objects there): a restart keeps every acknowledged write. The cold
+backend defaults to "fs" for a single raft voter and to "none" for a raft cluster (give
+its voters one shared store: s3, or fs on a directory every node mounts) and for the
+memory engine. fsync = "never" survives a process crash (kill -9); only fsync = "always"
+survives a host crash or power loss.
 
 Try it:
   ursula server &
@@ -241,7 +248,7 @@ func runServer(args []string, stderr io.Writer) error {
 	}
 	defer eng.Close()
 	srv := server.New(eng, server.Config{ClusterID: clusterID, Logger: logger})
-	if err := enableCold(srv, &fc.Storage, dataDir, logger); err != nil {
+	if err := enableCold(srv, &fc.Storage, dataDir, engineName, len(fc.Raft.Peers), logger); err != nil {
 		ln.Close()
 		return err
 	}

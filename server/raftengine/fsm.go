@@ -40,7 +40,8 @@ type group struct {
 	applied        atomic.Uint64 // last log index the FSM applied
 	barrierTerm    atomic.Uint64 // term whose barrier this leader has applied
 	barrierRunning atomic.Bool
-	caughtUp       atomic.Bool // a follower applied all it knew committed once (readiness)
+	caughtUp       atomic.Bool  // a follower applied all it knew committed once (readiness)
+	hot            atomic.Int64 // hot (unflushed) bytes of the group's streams (cold.go)
 }
 
 // Apply implements raft.FSM.
@@ -68,6 +69,7 @@ func (g *group) Apply(l *raft.Log) any {
 		before := len(g.state.Streams)
 		g.state.Sweep(now)
 		changed := len(g.state.Streams) != before
+		g.recountHot()
 		wakes := g.afterStructural(changed)
 		g.mu.Unlock()
 		wakeAll(wakes)
@@ -78,7 +80,13 @@ func (g *group) Apply(l *raft.Log) any {
 func (g *group) applyCommand(c *streamcore.Command) streamcore.Result {
 	g.mu.Lock()
 	forks := g.state.InvolvesForks(c)
+	before := g.hotOf(c.Key)
 	res := g.state.Apply(c)
+	if forks {
+		g.recountHot() // a cascade may have touched other streams
+	} else {
+		g.hot.Add(g.hotOf(c.Key) - before)
+	}
 	var wakes []chan struct{}
 	switch {
 	case forks:
@@ -167,6 +175,7 @@ func (g *group) Restore(rc io.ReadCloser) error {
 	}
 	g.mu.Lock()
 	g.state = st
+	g.recountHot()
 	wakes := g.afterStructural(true)
 	g.mu.Unlock()
 	wakeAll(wakes)

@@ -152,6 +152,7 @@ type clusterOpts struct {
 	nodes  int
 	groups int
 	raft   string // extra [raft] lines
+	extra  string // appended to every config (further sections: [storage.cold])
 	// raftAddr returns the raft_addr node `self` uses to reach node `peer`, whose cluster
 	// listener is on peerPort (a proxy in between); nil: the listener itself.
 	raftAddr func(self, peer, peerPort int) string
@@ -183,6 +184,7 @@ func newCluster(t *testing.T, o clusterOpts) *testCluster {
 				fmt.Fprintf(&b, "\n[[raft.peers]]\nnode_id = %d\nurl = \"http://127.0.0.1:%d\"\nraft_addr = %q\n", j+1, httpPorts[j], addr)
 			}
 		}
+		b.WriteString("\n" + o.extra + "\n")
 		cfg := filepath.Join(dir, fmt.Sprintf("node%d.toml", i+1))
 		if err := os.WriteFile(cfg, []byte(b.String()), 0o644); err != nil {
 			t.Fatal(err)
