@@ -12,6 +12,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/ursula-go/ursula/server"
+	"github.com/ursula-go/ursula/server/raftengine"
 )
 
 func TestColdConfig(t *testing.T) {
@@ -68,5 +69,47 @@ force_path_style = true
 	}
 	if _, err := toml.Decode("[storage.cold]\nflush_size = \"8 parsecs\"\n", &fileConfig{}); err == nil || !strings.Contains(err.Error(), "unknown unit") {
 		t.Fatalf("bad size: %v", err)
+	}
+}
+
+// TestColdDefaults: with no storage.cold.backend, a single raft voter runs the fs cold
+// tier under DATA/cold; a raft cluster and the memory engine run none; "none" turns it off.
+func TestColdDefaults(t *testing.T) {
+	for _, c := range []struct {
+		engine string
+		voters int
+		want   string
+	}{{"raft", 0, "fs"}, {"raft", 1, "fs"}, {"raft", 3, "none"}, {"memory", 0, "none"}} {
+		if got := defaultColdBackend(c.engine, c.voters); got != c.want {
+			t.Errorf("default backend for %s with %d voters: %q, want %q", c.engine, c.voters, got, c.want)
+		}
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	e, err := raftengine.Open(raftengine.Config{NodeID: 1, RaftLog: io.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	for _, c := range []struct {
+		backend string
+		voters  int
+		want    string
+	}{{"", 0, "fs"}, {"none", 0, "none"}, {"", 3, "none"}} {
+		data := t.TempDir()
+		srv := server.New(e, server.Config{ClusterID: "c"})
+		var sc storageConfig
+		sc.Cold.Backend = c.backend
+		if err := enableCold(srv, &sc, data, "raft", c.voters, quiet); err != nil {
+			t.Fatalf("backend %q: %v", c.backend, err)
+		}
+		got := srv.ColdStats().Backend
+		srv.StopCold()
+		if got != c.want {
+			t.Fatalf("backend %q with %d voters runs %q, want %q", c.backend, c.voters, got, c.want)
+		}
+		_, err := os.Stat(filepath.Join(data, "cold", "URSULA_FORMAT_EPOCH"))
+		if (err == nil) != (c.want == "fs") {
+			t.Fatalf("backend %q: fs marker under DATA/cold: %v", c.backend, err)
+		}
 	}
 }
