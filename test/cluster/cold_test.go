@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ursula-go/ursula/server/coldstore/s3test"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -196,9 +197,20 @@ func TestColdSingleNodeDefaultKill9(t *testing.T) {
 // follower serves the flushed bytes from the shared store, byte-identical, and answers
 // the flush endpoint with a redirect to the leader.
 func TestColdClusterFollowerReads(t *testing.T) {
-	shared := t.TempDir()
+	coldClusterFollowerReads(t, fmt.Sprintf("backend = \"fs\"\ndir = %q\n", t.TempDir()), 12<<20)
+}
+
+// TestColdClusterFollowerReadsS3: the same on one S3 bucket (versitygw, server/coldstore/s3test).
+func TestColdClusterFollowerReadsS3(t *testing.T) {
+	gw := s3test.Start(t)
+	cfg := gw.Config("cluster")
+	coldClusterFollowerReads(t, fmt.Sprintf("backend = \"s3\"\n[storage.cold.s3]\nbucket = %q\nregion = %q\nendpoint = %q\nprefix = %q\naccess_key_id = %q\nsecret_access_key = %q\nserver_side_encryption = \"none\"\n",
+		cfg.Bucket, cfg.Region, cfg.Endpoint, cfg.Prefix, cfg.AccessKeyID, cfg.SecretAccessKey), 6<<20)
+}
+
+func coldClusterFollowerReads(t *testing.T, backend string, size int) {
 	c := newCluster(t, clusterOpts{nodes: 3, groups: 2, raft: "heartbeat_timeout_ms = 500",
-		extra: fmt.Sprintf("[storage.cold]\nbackend = \"fs\"\ndir = %q\nflush_size = \"1MiB\"\nflush_interval = \"200ms\"\n", shared)})
+		extra: "[storage.cold]\nflush_size = \"1MiB\"\nflush_interval = \"200ms\"\n" + backend})
 	c.startAll()
 	key := "coldc/shared"
 	g := fnvGroup(key, 2)
@@ -207,7 +219,7 @@ func TestColdClusterFollowerReads(t *testing.T) {
 		t.Fatal("no leader")
 	}
 	L, F := c.nodes[leader-1], c.nodes[leader%3]
-	data := coldPattern(12 << 20)
+	data := coldPattern(size)
 	appendAll(t, L.url+"/"+key, data, 512<<10)
 	if res, _, err := httpDo(http.MethodPost, F.url+"/__ursula/flush-cold/"+key, nil, nil); err != nil || res.StatusCode != http.StatusTemporaryRedirect {
 		t.Fatalf("flush-cold on a follower: %v %v", err, res)

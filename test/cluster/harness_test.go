@@ -164,8 +164,17 @@ func newCluster(t *testing.T, o clusterOpts) *testCluster {
 	c := &testCluster{t: t, dir: dir}
 	httpPorts := make([]int, o.nodes)
 	raftPorts := make([]int, o.nodes)
+	used := map[int]bool{}
+	distinct := func() int { // a port just closed may be handed out again
+		for {
+			if p := freePort(t); !used[p] {
+				used[p] = true
+				return p
+			}
+		}
+	}
 	for i := range o.nodes {
-		httpPorts[i], raftPorts[i] = freePort(t), freePort(t)
+		httpPorts[i], raftPorts[i] = distinct(), distinct()
 	}
 	c.raftPorts = raftPorts
 	for i := range o.nodes {
