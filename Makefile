@@ -61,10 +61,12 @@ conformance: build conformance-deps
 	test/conformance/run.sh
 
 ## conformance-cold: the suite against servers whose cold tier (fs, then s3 on versitygw)
-## flushes nearly everything at once, so reads span both tiers
+## flushes nearly everything at once, so reads span both tiers; memory engine, then raft
 conformance-cold: build conformance-deps s3-deps
 	COLD_BACKEND=fs test/s3/conformance-cold.sh
 	COLD_BACKEND=s3 test/s3/conformance-cold.sh
+	COLD_BACKEND=fs COLD_ENGINE=raft test/s3/conformance-cold.sh
+	COLD_BACKEND=s3 COLD_ENGINE=raft test/s3/conformance-cold.sh
 
 ## bench: load benchmark: ursula memory / raft (fsync never, always) / 3-node cluster / reference server
 bench: build conformance-deps s3-deps

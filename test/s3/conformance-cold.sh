@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Runs the official conformance suite against a memory-engine server whose cold tier
-# flushes almost everything at once (1 KiB chunks every 5 ms, idle tails after 10 ms), so
-# nearly every read spans both tiers. COLD_BACKEND=fs (default) or s3 (a versitygw
-# started here on 127.0.0.1; run test/s3/install.sh first).
+# Runs the official conformance suite against a one-node server whose cold tier flushes
+# almost everything at once (1 KiB chunks every 5 ms, idle tails after 10 ms), so nearly
+# every read spans both tiers. COLD_BACKEND=fs (default) or s3 (a versitygw started here
+# on 127.0.0.1; run test/s3/install.sh first). COLD_ENGINE=memory (default) or raft (a
+# single voter: every record_chunk goes through Raft).
 # Usage: test/s3/conformance-cold.sh [vitest args]   (after make build conformance-deps)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 backend=${COLD_BACKEND:-fs}
+engine=${COLD_ENGINE:-memory}
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 data=$(mktemp -d)
 pids=()
@@ -19,7 +21,7 @@ cleanup() {
 trap cleanup EXIT
 cat >"$data/ursula.toml" <<TOML
 [server]
-engine = "memory"
+engine = "$engine"
 [storage.cold]
 backend = "$backend"
 flush_interval = "5ms"
@@ -50,6 +52,6 @@ url="http://127.0.0.1:$port"
 "$root/bin/ursula" server --config "$data/ursula.toml" --listen "127.0.0.1:$port" --data "$data" >"$data/server.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do curl -fsS "$url/__ursula/ready" >/dev/null 2>&1 && break; sleep 0.1; done
-echo "== conformance with a $backend cold tier ($url)"
+echo "== conformance with a $backend cold tier, $engine engine ($url)"
 (cd test/conformance && CONFORMANCE_TEST_URL="$url" npx vitest run "$@")
 echo "cold objects written: $(curl -fsS "$url/__ursula/metrics" | python3 -c 'import json,sys; print(json.load(sys.stdin)["cold"]["cold_flushed_objects"])')"
