@@ -210,6 +210,24 @@ func TestColdThreeVoters(t *testing.T) {
 	if res.StatusCode != http.StatusOK || !bytes.Equal(b, data) {
 		t.Fatalf("read after collection: %d, %d bytes", res.StatusCode, len(b))
 	}
+	// Leadership moves: the new leader flushes, the old one (now a follower) reads cold.
+	if err := L.e.TransferLeadership(uint64(g), F.e.cfg.NodeID); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the transfer", func() bool { return F.e.LeaderHint(key) == nil && L.e.LeaderOf(uint64(g)) == F.e.cfg.NodeID })
+	more := bytes.Repeat([]byte("new leader "), 10<<10)
+	if res, b := do(t, http.MethodPost, F.ts.URL+"/"+key, more); res.StatusCode != http.StatusNoContent {
+		t.Fatalf("append on the new leader: %d %s", res.StatusCode, b)
+	}
+	if res, b := do(t, http.MethodPost, F.ts.URL+"/__ursula/flush-cold/"+key, nil); res.StatusCode != http.StatusOK {
+		t.Fatalf("flush on the new leader: %d %s", res.StatusCode, b)
+	}
+	eventually(t, "the old leader trims", func() bool { return L.cv.GroupHotBytes(g) == 0 })
+	all := append(append([]byte(nil), data...), more...)
+	res, b = do(t, http.MethodGet, L.ts.URL+"/"+key+"?offset=-1", nil)
+	if res.StatusCode != http.StatusOK || !bytes.Equal(b, all) {
+		t.Fatalf("old leader's read after the transfer: %d, %d bytes of %d", res.StatusCode, len(b), len(all))
+	}
 }
 
 // TestColdHotCounterRestart: the hot counter is rebuilt from a raft snapshot and the log
