@@ -183,6 +183,8 @@ type Replica struct {
 	dbBytes  uint64 // database size after the last commit (snapshot_due_bytes)
 
 	snap *snapshotter // snapshot + retention goroutine (snapshot.go); nil until attached
+
+	stats statsBuf // measurements until DrainStats (stats.go)
 }
 
 // Attach makes the local database file at path reflect the stream at url and claims the
@@ -373,6 +375,7 @@ func (r *Replica) claim(ctx context.Context, epoch uint64) error {
 // usable; unknown is retried with the same producer seq within the retry budget, then
 // the replica is poisoned; a 403 fence stops it for good.
 func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
+	commitStart := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err := r.usable(); err != nil {
@@ -406,7 +409,9 @@ func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 	for attempt := 1; ; attempt++ {
 		r.opts.syncToken()
 		actx, cancel := context.WithTimeout(ctx, min(r.opts.AttemptLimit, time.Until(deadline)))
+		appendStart := time.Now()
 		wr, err := r.opts.Client.Append(actx, r.url, body, opts)
+		appendMs := msSince(appendStart)
 		cancel()
 		if err == nil {
 			if wr.NextOffset == "" {
@@ -425,6 +430,8 @@ func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 			r.lastErr = nil
 			r.dbBytes = uint64(cm.DBPages) * uint64(cm.PageSize)
 			r.snap.poke() // never blocks: the snapshot goroutine decides
+			r.stats.commit(CommitMeasurement{StartMs: commitStart.UnixMilli(), Ms: msSince(commitStart), AppendMs: appendMs,
+				Attempts: attempt, Retries: attempt - 1, Bytes: len(body), Pages: len(cm.Pages), Offset: streamcore.FormatOffset(start)})
 			return nil
 		}
 		v := classifyCommit(err)
@@ -462,6 +469,7 @@ func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 			return r.fail(newError(v.kind, ActionRetry, err, "%s after %d attempts within %v; nothing of the commit reached the stream and the database stays usable", v.reason, attempt, r.opts.RetryBudget), false)
 		}
 		r.retries++
+		r.stats.retry()
 		r.logf("append_retry", "attempt=%d seq=%d reason=%q", attempt, seq, err.Error())
 		if v.kind == KindUnauthorized {
 			r.opts.reloadToken()

@@ -230,13 +230,22 @@ func (s *snapshotter) cycle(ctx context.Context) {
 		s.mu.Unlock()
 		err = s.publish(ctx, x, body)
 	}
+	xm := int64(-1) // the offset a measurement reports
+	if body != nil {
+		xm = int64(x)
+	}
 	if errors.Is(err, errRefused) {
+		s.r.recordSnapshot(start, xm, len(body), SnapshotAborted, "", nil)
 		return // not counted; the next successful commit wakes us (P144)
 	}
 	if err != nil {
 		s.fail(ctx, err, len(body), v.dbBytes)
+		if ctx.Err() == nil {
+			s.r.recordSnapshot(start, xm, len(body), SnapshotFailed, s.lastKind, err)
+		}
 		return
 	}
+	s.r.recordSnapshot(start, xm, len(body), SnapshotPublished, "", nil)
 	s.mu.Lock()
 	prev, retained := s.snapOff, s.retained
 	s.snapOff, s.publishedAt = int64(x), time.Now()

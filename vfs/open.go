@@ -121,6 +121,26 @@ func Status(path string) (replicator.Status, error) {
 	return db.replica.Status(), nil
 }
 
+// Stats drains the measurements of an attached database file of this process
+// (checklist-vfs R): see replicator.Stats. A read-only or following file has none.
+func Stats(path string) (replicator.Stats, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return replicator.Stats{}, err
+	}
+	if lookupFollower(abs) != nil {
+		return replicator.Stats{}, nil
+	}
+	db := Lookup(abs)
+	if db == nil {
+		return replicator.Stats{}, &Error{Kind: replicator.KindNotFound, Action: replicator.ActionFix, Message: fmt.Sprintf("%s is not attached in this process", path)}
+	}
+	if db.replica == nil {
+		return replicator.Stats{}, nil
+	}
+	return db.replica.DrainStats(), nil
+}
+
 // attachReadOnlySlot attaches a read-only copy under the default name: <name>-ro1.db up
 // to -ro8.db, the first not held by another reader (checklist-vfs H59), so readers run
 // beside the owner and each other.
