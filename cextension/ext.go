@@ -444,15 +444,14 @@ type statusJSON struct {
 	ReadOnly bool   `json:"read_only"`
 }
 
-// statsJSON is ursula_stats's answer. The replicator keeps no per-commit measurements
-// yet (checklist-vfs R), so this reports the counters it has, and says so.
+// statsJSON is ursula_stats's answer: the measurements drained from the replica
+// (replicator.Stats: commit, checkpoint and snapshot lists, dropped, and the commits,
+// bytes and retries since the last drain), plus the file, its log bytes and its offset.
 type statsJSON struct {
-	Path         string `json:"path"`
-	Measurements []any  `json:"measurements"`
-	Note         string `json:"note"`
-	Commits      uint64 `json:"commits"`
-	LogBytes     uint64 `json:"log_bytes"`
-	Offset       string `json:"offset"`
+	replicator.Stats
+	Path     string `json:"path"`
+	LogBytes uint64 `json:"log_bytes"`
+	Offset   string `json:"offset"`
 }
 
 // ursulaStatus is ursula_status(path) (stats == 0) and ursula_stats(path) (stats != 0).
@@ -484,8 +483,12 @@ func ursulaStatus(cpath *C.char, stats C.int, rc *C.int) (out *C.char) {
 		return answer(fmt.Sprintf("%s: not_attached: %s is not attached in this process", fn, abs), C.URSULA_ERROR, rc)
 	}
 	var s replicator.Status
+	var drained replicator.Stats
 	if r := st.db.Replica(); r != nil {
 		s = r.Status()
+		if stats != 0 {
+			drained = r.DrainStats()
+		}
 		if st.db.Usable() != nil {
 			C.ursula_flag_set(st.fence, 1)
 		}
@@ -494,9 +497,10 @@ func ursulaStatus(cpath *C.char, stats C.int, rc *C.int) (out *C.char) {
 	}
 	var b []byte
 	if stats != 0 {
-		b, err = json.Marshal(statsJSON{Path: abs, Measurements: []any{},
-			Note:    "this build records no per-commit measurements yet; counters since attach only",
-			Commits: s.Commits, LogBytes: s.LogBytes, Offset: streamcore.FormatOffset(s.Offset)})
+		if drained.Commit == nil { // read-only: nothing measured; lists stay [] in JSON
+			drained.Commit, drained.Checkpoint, drained.Snapshot = []replicator.CommitMeasurement{}, []replicator.CheckpointMeasurement{}, []replicator.SnapshotMeasurement{}
+		}
+		b, err = json.Marshal(statsJSON{Stats: drained, Path: abs, LogBytes: s.LogBytes, Offset: streamcore.FormatOffset(s.Offset)})
 	} else {
 		b, err = json.Marshal(statusJSON{Status: s, Offset: streamcore.FormatOffset(s.Offset), Path: abs, ReadOnly: st.readOnly})
 	}

@@ -268,8 +268,10 @@ c.execute("INSERT INTO t VALUES ('after')")
 print("rows", c.execute("SELECT count(*) FROM t").fetchone()[0])
 ro = json.loads(q("SELECT ursula_stats(?)", p))
 print("stats", ro["commits"])
+print("measured", len(ro["commit"]), all(isinstance(m["offset"], str) and m["bytes"] > 0 for m in ro["commit"]), ro["dropped"]["commit"])
+print("drained", len(json.loads(q("SELECT ursula_stats(?)", p))["commit"]))
 `)
-	for _, want := range []string{"big 7178", "status False False too_large", "rows 1", "rows 2", "stats 3"} {
+	for _, want := range []string{"big 7178", "status False False too_large", "rows 1", "rows 2", "stats 3", "measured 3 True 0", "drained 0"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("missing %q in:\n%s", want, out)
 		}

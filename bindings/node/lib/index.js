@@ -130,7 +130,7 @@ function status(file) {
   return st;
 }
 
-// stats: counters of an attached file (this build records no per-commit measurements).
+// stats: drains the measurements of an attached file (ursula_stats; see the README).
 function stats(file) {
   return JSON.parse(call('SELECT ursula_stats(?)', absPath(file)));
 }

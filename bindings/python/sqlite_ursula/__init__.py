@@ -193,7 +193,7 @@ def status(path):
 
 
 def stats(path):
-    """Counters of an attached file (this build records no per-commit measurements)."""
+    """Drains the measurements of an attached file (ursula_stats; see the README)."""
     return json.loads(_call("SELECT ursula_stats(?)", (_abs(path),)))
 
 
