@@ -32,10 +32,12 @@ import (
 //
 //	{cluster}/{bucket}/{h}-{stream}/{incarnation}/c/{start:020d}-{end:020d}-{random}  chunk: bytes [start, end)
 //	{cluster}/{bucket}/{h}-{stream}/{incarnation}/s/{offset:020d}-{random}    snapshot body
+//	{cluster}/__parts/{bucket}/{h}-{stream}/{incarnation}/{part id}          staged snapshot part
 //
 // {bucket} and {stream} are path-escaped ('/' in compat stream names becomes %2F), the
 // stream name is cut to 120 bytes, and {h} is the first 16 hex digits of SHA-256(key), so
-// keys stay unique and below S3's 1024-byte limit. The key of every object is recorded in
+// keys stay unique and below S3's 1024-byte limit. No bucket id starts with "__", so the
+// parts tree never meets a bucket's. The key of every object is recorded in
 // the replicated state: readers never derive keys, so a naming change never strands data.
 
 // ColdEngine is what the cold tier needs of an engine beyond Engine. A "group" is a unit
@@ -80,6 +82,10 @@ type HotStream struct {
 // ColdOptions tune the cold tier beyond the config file (tests).
 type ColdOptions struct {
 	BackoffMax time.Duration // cap of the flusher's doubling backoff (default 30s)
+	// Bounds of snapshot upload in parts (defaults: 1 GiB, 8192 parts, 2 GiB).
+	MaxSnapshotBytes int64
+	MaxStagedParts   int
+	MaxStagedBytes   int64
 }
 
 // HdrColdHotStart is the diagnostic HEAD header naming the first offset still in the hot
@@ -118,6 +124,7 @@ type coldTier struct {
 	coldReadBytes  atomic.Uint64
 	gcDeleted      atomic.Uint64
 	backoffUntil   atomic.Int64 // unix nanos; flusher sleeps until then after a failure
+	parts          partsLedger  // snapshot upload in parts (cold_parts.go)
 }
 
 // EnableCold attaches a cold store to the server and starts the flusher and the
@@ -179,6 +186,9 @@ type ColdStats struct {
 	MaxGroupHotBytes    int64  `json:"cold_max_group_hot_bytes"`
 	MaxHotSizePerGroup  int64  `json:"cold_max_hot_size_per_group"`
 	PinnedObjectsInRead int    `json:"cold_pinned_objects"`
+	StagedPartBytes     int64  `json:"cold_staged_part_bytes"`
+	PartsStaged         uint64 `json:"cold_parts_staged"`
+	PartsCommitted      uint64 `json:"cold_parts_commits"`
 }
 
 // ColdStats reports the cold tier's counters (zero when there is none).
@@ -195,6 +205,7 @@ func (s *Server) ColdStats() ColdStats {
 		st.HotBytes += h
 		st.MaxGroupHotBytes = max(st.MaxGroupHotBytes, h)
 	}
+	st.StagedPartBytes, st.PartsStaged, st.PartsCommitted = c.parts.stagedBytes(), c.parts.staged.Load(), c.parts.committed.Load()
 	c.pinsMu.Lock()
 	st.PinnedObjectsInRead = len(c.pins)
 	c.pinsMu.Unlock()
@@ -203,6 +214,11 @@ func (s *Server) ColdStats() ColdStats {
 
 // streamDir is the key prefix of one stream incarnation's objects.
 func (c *coldTier) streamDir(key string, inc uint64) string {
+	return fmt.Sprintf("%s%s%d/", c.root, streamPath(key), inc)
+}
+
+// streamPath is "{bucket}/{h}-{stream}/": the part of an object key naming the stream.
+func streamPath(key string) string {
 	bucket, stream, _ := strings.Cut(key, "/")
 	sum := sha256.Sum256([]byte(key))
 	es := url.PathEscape(stream)
@@ -212,7 +228,7 @@ func (c *coldTier) streamDir(key string, inc uint64) string {
 			es = es[:len(es)-1]
 		}
 	}
-	return fmt.Sprintf("%s%s/%s-%s/%d/", c.root, url.PathEscape(bucket), hex.EncodeToString(sum[:8]), es, inc)
+	return fmt.Sprintf("%s/%s-%s/", url.PathEscape(bucket), hex.EncodeToString(sum[:8]), es)
 }
 
 // chunkKey names a new chunk object. The random suffix makes every upload a new object, so
@@ -311,6 +327,9 @@ func coldProm(c *ColdStats, gauge, counter func(name, help string, v any)) {
 	counter("ursula_cold_backpressure_events_total", "Writes refused with ColdBackpressure.", c.BackpressureEvents)
 	counter("ursula_cold_read_bytes_total", "Bytes read from the cold tier.", c.ColdReadBytes)
 	counter("ursula_cold_gc_deleted_objects_total", "Objects deleted by the cold collector.", c.GCDeletedObjects)
+	gauge("ursula_cold_staged_part_bytes", "Bytes of staged snapshot parts this node counts (streams it leads).", c.StagedPartBytes)
+	counter("ursula_cold_parts_staged_total", "Snapshot parts staged on this node.", c.PartsStaged)
+	counter("ursula_cold_parts_commits_total", "Snapshots published from parts by this node.", c.PartsCommitted)
 }
 
 // handleFlushCold serves POST /__ursula/flush-cold/{bucket}/{stream}: flush every hot

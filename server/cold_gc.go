@@ -62,9 +62,19 @@ func (c *coldTier) collect(unref map[string]time.Time, now time.Time) {
 	c.eng.ColdRefs(func(k string) { refs[k] = true })
 	seen := make(map[string]bool, len(listed))
 	var due []string
+	partsSwept := false
 	for _, o := range listed {
 		k := o.Key
 		seen[k] = true
+		if c.isPart(k) {
+			// Staged snapshot parts are referenced by no state: a part no commit used
+			// goes once it is older than storage.cold.parts_grace.
+			if now.Sub(o.ModTime) >= c.cfg.PartsGrace.D() && !c.pinned(k) {
+				due = append(due, k)
+				partsSwept = true
+			}
+			continue
+		}
 		if refs[k] || c.pinned(k) {
 			delete(unref, k)
 			continue
@@ -97,6 +107,9 @@ func (c *coldTier) collect(unref map[string]time.Time, now time.Time) {
 			}
 		}
 		due = kept
+	}
+	if partsSwept {
+		defer c.parts.relistAll()
 	}
 	for _, k := range due {
 		if c.pinned(k) {

@@ -34,6 +34,7 @@ type coldSetup struct {
 	grace             time.Duration
 	cacheSize         int64
 	maxHotAge         time.Duration
+	parts             ColdOptions // bounds of snapshot upload in parts (0: defaults)
 }
 
 func newColdEnv(t *testing.T, backend string, cs coldSetup) *coldEnv {
@@ -66,7 +67,8 @@ func newColdEnv(t *testing.T, backend string, cs coldSetup) *coldEnv {
 	if cs.grace == 0 {
 		cfg.GCGrace = coldstore.Duration(time.Hour)
 	}
-	if err := env.srv.EnableCold(env.store, cfg, ColdOptions{BackoffMax: 300 * time.Millisecond}); err != nil {
+	if err := env.srv.EnableCold(env.store, cfg, ColdOptions{BackoffMax: 300 * time.Millisecond,
+		MaxSnapshotBytes: cs.parts.MaxSnapshotBytes, MaxStagedParts: cs.parts.MaxStagedParts, MaxStagedBytes: cs.parts.MaxStagedBytes}); err != nil {
 		t.Fatal(err)
 	}
 	env.ts = httptest.NewServer(env.srv)

@@ -493,6 +493,9 @@ func (s *Server) handleHead(w http.ResponseWriter, r *http.Request, t *target) {
 	}
 	h.Set(streamcore.HdrIncarnation, u64(v.inc))
 	h.Set(streamcore.HdrMaxRequestBytes, strconv.Itoa(streamcore.MaxRequestBytes))
+	if s.cold != nil {
+		h.Set(streamcore.HdrMaxSnapshotBytes, strconv.FormatInt(s.cold.maxSnapshotBytes(), 10)) // parts upload
+	}
 	if v.closed {
 		h.Set(streamcore.HdrStreamClosed, "true")
 	}

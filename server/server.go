@@ -265,7 +265,7 @@ func (s *Server) routeStream(w http.ResponseWriter, r *http.Request, t *target, 
 		switch rest[0] {
 		case "snapshot":
 			if rest[1] == "parts" && m == http.MethodDelete {
-				s.writeError(w, r, noColdStore())
+				s.handleDiscardParts(w, r, t)
 				return
 			}
 			switch m {
@@ -295,11 +295,7 @@ func (s *Server) routeStream(w http.ResponseWriter, r *http.Request, t *target, 
 				s.methodNotAllowed(w, r, "POST, OPTIONS")
 				return
 			}
-			if _, err := streamcore.ParseOffset(rest[1]); err != nil {
-				s.writeError(w, r, streamcore.Errorf(http.StatusBadRequest, streamcore.CodeInvalidOffset, "%s", err.Error()))
-				return
-			}
-			s.writeError(w, r, noColdStore())
+			s.handleStagePart(w, r, t, rest[1])
 			return
 		}
 	case 4:

@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"net/http"
 	"strconv"
+	"time"
 
 	"lukechampine.com/blake3"
 
@@ -217,17 +218,36 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request, t *target)
 		return
 	}
 	drainBody(r)
+	var before uint64 // the incarnation deleted, for its staged snapshot parts
+	if s.cold != nil {
+		s.engine.View(t.key, s.now(), func(_ *streamcore.State, str *streamcore.Stream) {
+			if str != nil {
+				before = str.Incarnation
+			}
+		})
+	}
 	res, e := s.propose(r.Context(), &streamcore.Command{Op: streamcore.OpDelete, Key: t.key, Now: s.now(), IfIncarnation: inc})
 	if e != nil {
 		s.writeError(w, r, e)
 		return
 	}
 	s.writeResult(w, r, t, res)
+	if s.cold != nil && res.Err == nil && before != 0 {
+		go s.cold.dropStreamParts(t.key, before, time.Now())
+	}
 }
 
 // SnapshotDigest is the digest of a snapshot: lowercase hex BLAKE3 of
 // (u64 little-endian len(content type) || content type || body) (checklist 21.3).
 func SnapshotDigest(contentType string, body []byte) string {
+	h := newSnapshotHash(contentType)
+	h.Write(body)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// newSnapshotHash starts a snapshot digest; the body is written to it in any number of
+// pieces (a snapshot assembled from parts is never whole in memory).
+func newSnapshotHash(contentType string) *blake3.Hasher {
 	h := blake3.New(32, nil)
 	var n [8]byte
 	l := uint64(len(contentType))
@@ -236,8 +256,7 @@ func SnapshotDigest(contentType string, body []byte) string {
 	}
 	h.Write(n[:])
 	h.Write([]byte(contentType))
-	h.Write(body)
-	return hex.EncodeToString(h.Sum(nil))
+	return h
 }
 
 func (s *Server) handlePublishSnapshot(w http.ResponseWriter, r *http.Request, t *target, offText string) {
@@ -255,10 +274,6 @@ func (s *Server) handlePublishSnapshot(w http.ResponseWriter, r *http.Request, t
 		s.writeError(w, r, e)
 		return
 	}
-	if r.Header.Get(streamcore.HdrSnapshotParts) != "" {
-		s.writeError(w, r, noColdStore())
-		return
-	}
 	ct := streamcore.DefaultContentType
 	if raw := r.Header.Get("Content-Type"); raw != "" {
 		n, ok := streamcore.NormalizeContentType(raw)
@@ -267,6 +282,10 @@ func (s *Server) handlePublishSnapshot(w http.ResponseWriter, r *http.Request, t
 			return
 		}
 		ct = n
+	}
+	if len(r.Header.Values(streamcore.HdrSnapshotParts)) > 0 {
+		s.handleCommitParts(w, r, t, off, inc, ct)
+		return
 	}
 	body, e := readBody(w, r)
 	if e != nil {

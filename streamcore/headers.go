@@ -42,6 +42,8 @@ const (
 	HdrUrsulaClusterID   = "Ursula-Cluster-Id"
 	HdrMaxRequestBytes   = "Ursula-Max-Request-Bytes"
 	HdrMaxSnapshotBytes  = "Ursula-Max-Snapshot-Bytes"
+	HdrMaxStagedParts    = "Ursula-Max-Staged-Parts"
+	HdrMaxStagedBytes    = "Ursula-Max-Staged-Bytes"
 	HdrNotApplied        = "X-Ursula-Not-Applied"
 	HdrNotAppliedChecked = "X-Ursula-Not-Applied-Checked"
 	HdrRetryAfter        = "Retry-After"
@@ -52,6 +54,7 @@ const (
 	ProtocolVersion   = "2"
 	MaxRequestBytes   = 32 << 20 // 33,554,432
 	MaxReadBytes      = 8 << 20  // 8,388,608: read response, SSE event and bootstrap cap
+	MaxSnapshotParts  = 4096     // parts one commit may name (checklist 22.6)
 	ChunkGrid         = 4 << 20  // immutable chunk grid
 	MaxJSONDepth      = 127
 	MaxStreamIDBytes  = 122

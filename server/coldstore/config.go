@@ -36,6 +36,9 @@ type Config struct {
 	GCInterval Duration `toml:"gc_interval"`
 	// GCGrace is how long an object stays after it stopped being referenced (default 5m).
 	GCGrace Duration `toml:"gc_grace"`
+	// PartsGrace is how long a staged snapshot part no commit used stays before the
+	// collector reclaims it (default 24h).
+	PartsGrace Duration `toml:"parts_grace"`
 	// SnapshotMinSize: snapshot bodies at or above it are stored as objects (default 1MiB;
 	// spec runtime.external_payload_min_size).
 	SnapshotMinSize Size `toml:"snapshot_min_size"`
@@ -73,6 +76,7 @@ const (
 	DefaultCacheSize           = 64 << 20
 	DefaultGCInterval          = time.Minute
 	DefaultGCGrace             = 5 * time.Minute
+	DefaultPartsGrace          = 24 * time.Hour
 	DefaultSnapshotMinSize     = 1 << 20
 )
 
@@ -117,6 +121,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.GCGrace == 0 {
 		c.GCGrace = Duration(DefaultGCGrace)
+	}
+	if c.PartsGrace == 0 {
+		c.PartsGrace = Duration(DefaultPartsGrace)
 	}
 	if c.SnapshotMinSize == 0 {
 		c.SnapshotMinSize = DefaultSnapshotMinSize

@@ -109,10 +109,14 @@ func (s *S3) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return ctx, func() {}
 }
 
-// Put implements Store. The body is sent from memory when it cannot seek (SigV4 over plain
-// HTTP needs the payload hash up front).
+// Put implements Store. A body that cannot seek is sent from memory (SigV4 over plain HTTP
+// needs the payload hash up front): whole when it is small, else as a multipart upload of
+// s3PartSize pieces, so a 1 GiB assembled snapshot never sits in memory.
 func (s *S3) Put(ctx context.Context, key string, body io.Reader, size int64) error {
 	rs, ok := body.(io.ReadSeeker)
+	if !ok && size > s3PartSize {
+		return s.putMultipart(ctx, key, body, size)
+	}
 	if !ok {
 		buf := make([]byte, size)
 		if _, err := io.ReadFull(body, buf); err != nil {
@@ -126,12 +130,7 @@ func (s *S3) Put(ctx context.Context, key string, body io.Reader, size int64) er
 		Body:          rs,
 		ContentLength: aws.Int64(size),
 	}
-	if s.sse != "" {
-		in.ServerSideEncryption = s.sse
-		if s.sse == types.ServerSideEncryptionAwsKms && s.kmsKey != "" {
-			in.SSEKMSKeyId = aws.String(s.kmsKey)
-		}
-	}
+	in.ServerSideEncryption, in.SSEKMSKeyId = s.encryption()
 	ctx, cancel := s.opCtx(ctx)
 	defer cancel()
 	if _, err := s.client.PutObject(ctx, in); err != nil {
