@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ursula-go/ursula/streamcore"
 )
@@ -284,5 +285,36 @@ func TestSnapshotPartsConcurrentCommits(t *testing.T) {
 	}
 	if got := env.objects("/s/"); len(got) != 1 {
 		t.Fatalf("snapshot objects: %v (codes %v)", got, codes)
+	}
+}
+
+// TestSnapshotPartsSweep: the collector reclaims parts no commit used after
+// storage.cold.parts_grace (not after the 5-minute object grace), and a delete of the
+// stream drops its parts at once.
+func TestSnapshotPartsSweep(t *testing.T) {
+	env := newColdEnv(t, "fs", coldSetup{flushSize: 64 << 10, hotCap: 64 << 20, grace: 50 * time.Millisecond, partsGrace: 2 * time.Second})
+	env.create("/bkt1/sweep", "application/octet-stream")
+	env.create("/bkt1/gone", "application/octet-stream")
+	env.stagePart("/bkt1/sweep", z0, []byte("orphan"))
+	env.stagePart("/bkt1/gone", z0, []byte("deleted with its stream"))
+	if res, b := coldDo(t, "DELETE", env.url("/bkt1/gone"), nil); res.StatusCode != 204 {
+		t.Fatalf("delete: %d %s", res.StatusCode, b)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(env.objects("/__parts/")) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the deleted stream's part stays: %v", env.objects("/__parts/"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // many collector passes past the object grace
+	if got := env.objects("/__parts/"); len(got) != 1 {
+		t.Fatalf("a part went before parts_grace: %v", got)
+	}
+	for len(env.objects("/__parts/")) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the orphan part stays past parts_grace: %v", env.objects("/__parts/"))
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

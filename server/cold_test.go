@@ -35,6 +35,7 @@ type coldSetup struct {
 	cacheSize         int64
 	maxHotAge         time.Duration
 	parts             ColdOptions // bounds of snapshot upload in parts (0: defaults)
+	partsGrace        time.Duration
 }
 
 func newColdEnv(t *testing.T, backend string, cs coldSetup) *coldEnv {
@@ -64,6 +65,7 @@ func newColdEnv(t *testing.T, backend string, cs coldSetup) *coldEnv {
 		a := coldstore.Duration(cs.maxHotAge)
 		cfg.FlushMaxHotAge = &a
 	}
+	cfg.PartsGrace = coldstore.Duration(cs.partsGrace)
 	if cs.grace == 0 {
 		cfg.GCGrace = coldstore.Duration(time.Hour)
 	}

@@ -26,6 +26,7 @@ import (
 //	cache_size = "64MiB"           # LRU of recently read cold blocks
 //	gc_interval = "1m"
 //	gc_grace = "5m"
+//	parts_grace = "24h"            # staged snapshot parts no commit used are deleted after it
 //	snapshot_min_size = "1MiB"     # snapshot bodies at least this large are objects
 //
 //	[storage.cold.s3]

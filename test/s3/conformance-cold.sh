@@ -34,8 +34,8 @@ TOML
 if [ "$backend" = s3 ]; then
   vgw=$(go env GOPATH)/bin/versitygw
   s3port=$(freeport)
-  mkdir -p "$data/s3/ursula"
-  ROOT_ACCESS_KEY=conformance ROOT_SECRET_KEY=conformance-secret "$vgw" --port "127.0.0.1:$s3port" --quiet posix --nometa "$data/s3" >"$data/s3.log" 2>&1 &
+  mkdir -p "$data/s3/ursula" "$data/s3meta"
+  ROOT_ACCESS_KEY=conformance ROOT_SECRET_KEY=conformance-secret "$vgw" --port "127.0.0.1:$s3port" --quiet posix --sidecar "$data/s3meta" "$data/s3" >"$data/s3.log" 2>&1 &
   pids+=($!)
   cat >>"$data/ursula.toml" <<TOML
 [storage.cold.s3]

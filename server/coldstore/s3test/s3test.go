@@ -116,7 +116,13 @@ func (g *Gateway) Restart() error {
 	if g.cmd != nil {
 		return nil
 	}
-	cmd := exec.Command(g.bin, "--port", g.Addr, "--quiet", "posix", "--nometa", filepath.Join(g.dir, "root"))
+	// Metadata (ETags of multipart parts among it) goes to a sidecar directory, not xattrs:
+	// without any, CompleteMultipartUpload cannot match the parts' ETags.
+	meta := filepath.Join(g.dir, "meta")
+	if err := os.MkdirAll(meta, 0o755); err != nil {
+		return err
+	}
+	cmd := exec.Command(g.bin, "--port", g.Addr, "--quiet", "posix", "--sidecar", meta, filepath.Join(g.dir, "root"))
 	cmd.Env = append(os.Environ(), "ROOT_ACCESS_KEY="+g.AccessKey, "ROOT_SECRET_KEY="+g.SecretKey)
 	logf, err := os.OpenFile(filepath.Join(g.dir, "versitygw.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
