@@ -95,8 +95,8 @@ func (s *Server) writeColdSnapshot(w http.ResponseWriter, r *http.Request, sn *s
 	}
 }
 
-// coldSnapshotBody reads a whole cold snapshot body (bootstrap; at most 32 MiB, since
-// snapshot requests are limited to that).
+// openColdSnapshot opens a whole cold snapshot body for bootstrap; it is streamed, since
+// a snapshot assembled from parts may be up to 1 GiB.
 func (s *Server) openColdSnapshot(ctx context.Context, sn *streamcore.Snapshot) (io.ReadCloser, *streamcore.Error) {
 	ct := s.cold
 	if ct == nil {
