@@ -103,13 +103,11 @@ func superseded(err error) bool {
 	return ce.Status == http.StatusNotFound && ce.Code == streamcore.CodeSnapshotNotFound || ce.Status == http.StatusGone
 }
 
-// MaxSnapshotImage is the largest database image a snapshot may hold, and what a rebuild
-// passes to DecodeSnapshot. The server stores a snapshot body of at most 1 GiB (cold tier,
-// checklist P149) and DecodeSnapshot allocates the whole image, so the bound is 1 GiB of
-// image (the 40-byte blob header is not part of the image the limit counts). The publisher
-// refuses to publish a larger image, so a larger declared size is not one of ours: it is
-// refused before anything is allocated instead of trusting a size field up to 1 TiB.
-const MaxSnapshotImage = 1 << 30
+// MaxSnapshotImage is the largest database image a snapshot may hold. A rebuild streams
+// the snapshot into the file (ReadSnapshot) and allocates nothing of the image's size, so
+// the bound that matters on the wire is the compressed body (MaxSnapshotBody, the server's
+// 1 GiB); this one only refuses a declared size no database of ours reaches (64 GiB).
+const MaxSnapshotImage = 64 << 30
 
 // rebuild writes into f (empty) the stream as of target: the latest snapshot if it is at
 // or below target (info is a HEAD of the stream), then the records up to target. It
