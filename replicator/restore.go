@@ -118,22 +118,26 @@ func rebuild(ctx context.Context, c *streamcore.Client, url string, f *os.File, 
 	if info.SnapshotOffset != "" {
 		snapOff, _ := streamcore.ParseOffset(info.SnapshotOffset)
 		if snapOff <= target {
-			sr, err := c.ReadSnapshot(ctx, url, info.SnapshotOffset)
+			body, _, err := openSnapshot(ctx, c, url, info.SnapshotOffset)
 			if err != nil {
 				return 0, classifyRead(err, "snapshot read")
 			}
-			h, image, err := DecodeSnapshot(sr.Data, MaxSnapshotImage)
-			if err != nil {
+			h, n, err := ReadSnapshot(body, f, MaxSnapshotBody, MaxSnapshotImage)
+			body.Close()
+			if errors.Is(err, ErrBadSnapshot) {
 				return 0, newError(KindDamaged, ActionStop, err, "snapshot at %d", snapOff)
+			}
+			if err != nil {
+				if _, ok := err.(*streamcore.ClientError); ok {
+					return 0, classifyRead(err, "snapshot read")
+				}
+				return 0, err // the file
 			}
 			if h.Offset != snapOff {
 				return 0, newError(KindDamaged, ActionStop, nil, "snapshot published at %d says it folds the stream up to %d", snapOff, h.Offset)
 			}
-			if _, err := f.WriteAt(image, 0); err != nil {
-				return 0, err
-			}
 			img.PageSize, img.DBPages, img.Epoch, from = h.PageSize, h.DBPages, h.Epoch, snapOff
-			installed = len(sr.Data)
+			installed = int(n)
 		}
 	}
 	if from < retained {
