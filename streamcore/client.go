@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"iter"
 	"net"
@@ -145,6 +146,14 @@ func ProducerDigestOf(body []byte) string {
 // SnapshotDigestOf is the Stream-Snapshot-Digest of a snapshot: lowercase hex BLAKE3 of
 // u64 little-endian len(content type) || content type || body (checklist 21.3).
 func SnapshotDigestOf(contentType string, body []byte) string {
+	h := NewSnapshotDigest(contentType)
+	h.Write(body)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// NewSnapshotDigest returns a hash to which a snapshot body is written piece by piece, so a
+// body too large to hold is digested as it streams; hex of its Sum is SnapshotDigestOf.
+func NewSnapshotDigest(contentType string) hash.Hash {
 	h := blake3.New(32, nil)
 	var n [8]byte
 	l := uint64(len(contentType))
@@ -153,8 +162,7 @@ func SnapshotDigestOf(contentType string, body []byte) string {
 	}
 	h.Write(n[:])
 	h.Write([]byte(contentType))
-	h.Write(body)
-	return hex.EncodeToString(h.Sum(nil))
+	return h
 }
 
 // ---------------------------------------------------------------------------------------

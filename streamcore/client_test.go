@@ -2,6 +2,7 @@ package streamcore
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"io"
 	"net"
@@ -489,6 +490,13 @@ func TestClientDigests(t *testing.T) {
 	}
 	if a, b := SnapshotDigestOf("text/plain", []byte("x")), SnapshotDigestOf("text/plai", []byte("nx")); a == b {
 		t.Fatal("snapshot digest must bind the content type length")
+	}
+	// Written in pieces, the incremental digest is the one of the whole body.
+	h := NewSnapshotDigest("application/octet-stream")
+	h.Write([]byte("UR"))
+	h.Write([]byte("SS body"))
+	if got, want := hex.EncodeToString(h.Sum(nil)), SnapshotDigestOf("application/octet-stream", []byte("URSS body")); got != want {
+		t.Fatalf("incremental digest %s, want %s", got, want)
 	}
 	if got := StreamURL("http://h:1/", "b-ok", "a b"); got != "http://h:1/b-ok/a%20b" {
 		t.Fatalf("StreamURL %s", got)
