@@ -34,7 +34,11 @@ type Options struct {
 	// default 8 MiB): a snapshot is due when the log since the latest one exceeds
 	// max(database size, SnapshotMinBytes).
 	SnapshotMinBytes int
-	Log              io.Writer // logfmt events; default stderr
+	// SnapshotPartBytes is the largest snapshot body sent in one request; a larger body
+	// is uploaded in parts of this size where the server accepts parts. 0: the server's
+	// Ursula-Max-Request-Bytes (32 MiB). Tests lower it to exercise several parts.
+	SnapshotPartBytes int
+	Log               io.Writer // logfmt events; default stderr
 
 	tokenFile string // URSULA_VFS_TOKEN_FILE, re-read on every 401
 	tokenSeen uint64 // tokenVersion last applied

@@ -1,11 +1,9 @@
 package replicator
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -77,6 +75,8 @@ type snapshotter struct {
 	pulled       bool      // the outage pull-forward (P141) was used since the last failure
 	maxKnownBody int       // largest body this owner published or installed (P137)
 	verified     []uint64  // snapshot offsets this owner read back or decoded (the latest few)
+	maxReqBytes  int64     // Ursula-Max-Request-Bytes of the last HEAD, -1: absent
+	maxSnapBytes int64     // Ursula-Max-Snapshot-Bytes of the last HEAD, -1: absent (no parts)
 
 	mu          sync.Mutex // guards the fields below; Status reads them
 	snapOff     int64      // latest snapshot offset known, -1: none
@@ -112,8 +112,9 @@ func (r *Replica) startSnapshots(img *Image, info *streamcore.StreamInfo) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &snapshotter{
 		r: r, kick: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}),
-		shadowPath: r.path + ShadowSuffix, snapOff: -1, bodyBytes: -1,
+		shadowPath: r.path + ShadowSuffix, snapOff: -1, bodyBytes: -1, maxReqBytes: -1, maxSnapBytes: -1,
 	}
+	s.noteHead(info)
 	if info != nil {
 		if off, err := streamcore.ParseOffset(info.SnapshotOffset); err == nil && info.SnapshotOffset != "" {
 			s.snapOff = int64(off)
@@ -222,40 +223,42 @@ func (s *snapshotter) safeCycle(ctx context.Context) {
 func (s *snapshotter) cycle(ctx context.Context) {
 	start := time.Now()
 	v := s.r.snapView()
-	body, x, err := s.build(ctx, v.tail)
+	blob, x, err := s.build(ctx, v.tail)
+	defer blob.remove()
 	built := time.Now()
 	if err == nil {
 		s.mu.Lock()
-		s.bodyBytes = int64(len(body))
+		s.bodyBytes = blob.size
 		s.mu.Unlock()
-		err = s.publish(ctx, x, body)
+		err = s.publish(ctx, x, blob)
 	}
 	xm := int64(-1) // the offset a measurement reports
-	if body != nil {
+	if blob != nil {
 		xm = int64(x)
 	}
+	bodyLen := blob.len()
 	if errors.Is(err, errRefused) {
-		s.r.recordSnapshot(start, xm, len(body), SnapshotAborted, "", nil)
+		s.r.recordSnapshot(start, xm, bodyLen, SnapshotAborted, "", nil)
 		return // not counted; the next successful commit wakes us (P144)
 	}
 	if err != nil {
-		s.fail(ctx, err, len(body), v.dbBytes)
+		s.fail(ctx, err, bodyLen, v.dbBytes)
 		if ctx.Err() == nil {
-			s.r.recordSnapshot(start, xm, len(body), SnapshotFailed, s.lastKind, err)
+			s.r.recordSnapshot(start, xm, bodyLen, SnapshotFailed, s.lastKind, err)
 		}
 		return
 	}
-	s.r.recordSnapshot(start, xm, len(body), SnapshotPublished, "", nil)
+	s.r.recordSnapshot(start, xm, bodyLen, SnapshotPublished, "", nil)
 	s.mu.Lock()
 	prev, retained := s.snapOff, s.retained
 	s.snapOff, s.publishedAt = int64(x), time.Now()
 	s.failures, s.lastError = 0, ""
 	s.mu.Unlock()
 	s.notBefore, s.lastKind, s.failDBBytes, s.pulled = time.Time{}, "", 0, false
-	s.maxKnownBody = max(s.maxKnownBody, len(body))
+	s.maxKnownBody = max(s.maxKnownBody, bodyLen)
 	s.verify(x)
 	s.r.logAt("info", "snapshot_published", "offset=%d bytes=%d image_bytes=%d epoch=%d build_ms=%d ms=%d",
-		x, len(body), uint64(s.img.DBPages)*uint64(s.img.PageSize), s.img.Epoch, built.Sub(start).Milliseconds(), time.Since(start).Milliseconds())
+		x, bodyLen, uint64(s.img.DBPages)*uint64(s.img.PageSize), s.img.Epoch, built.Sub(start).Milliseconds(), time.Since(start).Milliseconds())
 
 	// Retention goes to the previous snapshot, never to the one just published, so a
 	// reader that started from the previous one can still replay past it. A failure is
@@ -287,14 +290,16 @@ func (s *snapshotter) cycle(ctx context.Context) {
 	s.r.logAt("info", "retention_moved", "offset=%d", ret)
 }
 
-// build brings the shadow up to target and returns the snapshot body of it and its offset.
-func (s *snapshotter) build(ctx context.Context, target uint64) ([]byte, uint64, error) {
+// build brings the shadow up to target and returns the snapshot body of it (in its file)
+// and its offset.
+func (s *snapshotter) build(ctx context.Context, target uint64) (*snapBlob, uint64, error) {
 	c, maxFrame := s.r.opts.Client, s.r.opts.MaxFrameBytes
 	if s.img == nil {
 		info, err := c.Head(ctx, s.r.url)
 		if err != nil {
 			return nil, 0, classifyRead(err, "HEAD of the stream")
 		}
+		s.noteHead(info)
 		f, err := os.OpenFile(s.shadowPath, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 		if err != nil {
 			return nil, 0, newError(KindLocalSetup, ActionFix, err, "creating the shadow image")
@@ -337,48 +342,12 @@ func (s *snapshotter) build(ctx context.Context, target uint64) ([]byte, uint64,
 	if size > MaxSnapshotImage {
 		return nil, 0, fmt.Errorf("%w: %d bytes, limit %d", errImageTooLarge, size, MaxSnapshotImage)
 	}
-	image := make([]byte, size)
-	if _, err := s.f.ReadAt(image, 0); err != nil && err != io.EOF {
-		s.dropShadow()
-		return nil, 0, newError(KindLocalSetup, ActionFix, err, "reading the shadow image")
-	}
-	body, err := EncodeSnapshot(SnapshotHeader{PageSize: img.PageSize, DBPages: img.DBPages, Epoch: img.Epoch, Offset: img.Tail}, image)
-	return body, img.Tail, err
-}
-
-// publish sends the body (at most twice: a second time only when the first got no answer,
-// P142), then reads it back and compares: a 2xx alone proves nothing.
-func (s *snapshotter) publish(ctx context.Context, x uint64, body []byte) error {
-	c, off := s.r.opts.Client, streamcore.FormatOffset(x)
-	for send := 1; ; send++ {
-		if s.r.snapView().refused {
-			return errRefused
-		}
-		_, err := c.PublishSnapshot(ctx, s.r.url, off, snapshotContentType, body)
-		if err == nil {
-			break
-		}
-		var ce *streamcore.ClientError
-		if errors.As(err, &ce) && ce.Status == http.StatusConflict && ce.SnapshotOffset != "" {
-			// A newer snapshot (or other bytes at X) is the latest: learn where it is.
-			if n, perr := streamcore.ParseOffset(ce.SnapshotOffset); perr == nil {
-				s.mu.Lock()
-				s.snapOff = max(s.snapOff, int64(n))
-				s.mu.Unlock()
-			}
-		}
-		if send >= 2 || ce == nil || ce.Status != 0 || ctx.Err() != nil {
-			return err
-		}
-	}
-	sr, err := c.ReadSnapshot(ctx, s.r.url, off)
+	blob, err := s.writeBlob(SnapshotHeader{PageSize: img.PageSize, DBPages: img.DBPages, Epoch: img.Epoch, Offset: img.Tail}, int64(size))
 	if err != nil {
-		return classifyRead(err, "reading the snapshot back")
+		s.dropShadow()
+		return nil, 0, err
 	}
-	if !bytes.Equal(sr.Data, body) {
-		return fmt.Errorf("the snapshot read back from %d is %d bytes that differ from the %d published", x, len(sr.Data), len(body))
-	}
-	return nil
+	return blob, img.Tail, nil
 }
 
 // fail counts a failed attempt, classifies it and schedules the next one.
@@ -394,13 +363,17 @@ func (s *snapshotter) fail(ctx context.Context, err error, bodyLen int, dbBytes 
 	s.mu.Unlock()
 	d := max(jitter(backoff(n, kind)), retryAfter)
 	s.notBefore, s.lastKind, s.failDBBytes, s.pulled = time.Now().Add(d), kind, dbBytes, false
-	s.r.logAt("warn", "snapshot_failed", "failures=%d retry_ms=%d kind=%s err=%q", n, d.Milliseconds(), kind, err.Error())
+	reason := ""
+	if errors.Is(err, errSnapshotTooLarge) || errors.Is(err, errImageTooLarge) {
+		reason = " reason=" + reasonTooLarge
+	}
+	s.r.logAt("warn", "snapshot_failed", "failures=%d retry_ms=%d kind=%s%s err=%q", n, d.Milliseconds(), kind, reason, err.Error())
 }
 
 // classify names a failure size, outage or other (checklist P137-139) and returns the
 // Retry-After to honour.
 func (s *snapshotter) classify(ctx context.Context, err error, bodyLen int) (string, time.Duration) {
-	if errors.Is(err, errImageTooLarge) {
+	if errors.Is(err, errImageTooLarge) || errors.Is(err, errSnapshotTooLarge) {
 		return FailSize, 0
 	}
 	var ce *streamcore.ClientError
