@@ -1,0 +1,63 @@
+package replicator
+
+import (
+	"context"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/ursula-go/ursula/server"
+	"github.com/ursula-go/ursula/server/coldstore"
+)
+
+// coldServer starts a real server (memory engine) whose cold tier is an fs store: the
+// tier that takes snapshots in parts.
+func coldServer(t *testing.T) string {
+	t.Helper()
+	store, err := coldstore.NewFS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := server.NewMemoryEngine(0)
+	srv := server.New(eng, server.Config{ClusterID: "snapshot-parts"})
+	cfg := coldstore.Config{Backend: "fs", Dir: "unused", Root: "root",
+		FlushInterval: coldstore.Duration(20 * time.Millisecond), FlushSize: coldstore.Size(1 << 20),
+		FlushMaxConcurrency: 4, GCInterval: coldstore.Duration(time.Second), GCGrace: coldstore.Duration(time.Hour)}
+	if err := srv.EnableCold(store, cfg, server.ColdOptions{BackoffMax: 300 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(srv)
+	t.Cleanup(func() { ts.Close(); srv.StopCold(); eng.Close() })
+	return ts.URL
+}
+
+// TestSnapshotInPartsOnColdTier: against the real server with a cold tier, a snapshot body
+// of many parts (SnapshotPartBytes lowered to 64 KiB) is staged, committed, read back and
+// installed by a fresh restore page-identical to the owner's image.
+func TestSnapshotInPartsOnColdTier(t *testing.T) {
+	base := coldServer(t)
+	url := base + "/snap/coldparts"
+	r, _, lb := snapAttach(t, url, Options{SnapshotPartBytes: 64 << 10})
+	info, err := r.opts.Client.Head(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.MaxSnapshotBytes <= 0 {
+		t.Skip("the server's HEAD sends no Ursula-Max-Snapshot-Bytes yet (no upload in parts): nothing to test")
+	}
+	m := newModel()
+	for r.Status().Snapshot == "-1" {
+		m.commit(t, r, 512, 64)
+		if st := r.Status(); st.LogBytes > st.SnapshotDueBytes {
+			waitFor(t, "a snapshot", 30*time.Second, func() bool { return r.Status().Snapshot != "-1" || len(lb.events("snapshot_failed")) > 0 })
+		}
+		if ev := lb.events("snapshot_failed"); len(ev) > 0 {
+			t.Fatalf("snapshot failed: %v", ev)
+		}
+	}
+	x := parseOff(t, r.Status().Snapshot)
+	if b := *r.Status().SnapshotBytes; b < 4*(64<<10) {
+		t.Fatalf("snapshot body of %d bytes: under 4 parts, the test proves little", b)
+	}
+	checkSnapshot(t, r.opts.Client, url, x, m)
+}
