@@ -156,23 +156,27 @@ func catchUp(ctx context.Context, c *streamcore.Client, url string, f *os.File, 
 
 // replay applies the records in [from, to) to f.
 func replay(ctx context.Context, c *streamcore.Client, url string, f *os.File, img *Image, from, to uint64, maxFrame int, progress Progress) error {
+	if from >= to {
+		img.Tail = from
+		return nil
+	}
+	next, stop := fetchLog(ctx, c, url, from, to)
+	defer stop()
 	var pending []byte // bytes of a record cut by the read window
 	pos := from        // offset of pending[0]
-	next := from       // offset to read next
-	for pos < to {
-		if next >= to && len(pending) > 0 {
-			return newError(KindNotFound, ActionFix, nil, "offset %d is inside a record, not at a commit boundary", to)
-		}
-		n := min(uint64(readChunk), to-next)
-		rr, err := c.Read(ctx, url, streamcore.ReadOptions{Offset: streamcore.FormatOffset(next), MaxBytes: int(n)})
+	for read := from; read < to; {
+		data, err := next()
 		if err != nil {
+			if e, ok := err.(*Error); ok {
+				return e
+			}
 			return classifyRead(err, "stream read")
 		}
-		if len(rr.Data) == 0 {
-			return newError(KindUnavailable, ActionRetry, nil, "stream read at %d returned nothing before %d", next, to)
+		if data == nil {
+			break
 		}
-		next += uint64(len(rr.Data))
-		pending = append(pending, rr.Data...)
+		read += uint64(len(data))
+		pending = append(pending, data...)
 		recs, used, err := DecodeRecords(pending, pos, maxFrame)
 		if err != nil {
 			return newError(KindDamaged, ActionStop, err, "stream record")
@@ -187,6 +191,9 @@ func replay(ctx context.Context, c *streamcore.Client, url string, f *os.File, i
 		if progress != nil {
 			progress(pos-from, to-from)
 		}
+	}
+	if pos < to {
+		return newError(KindNotFound, ActionFix, nil, "offset %d is inside a record, not at a commit boundary", to)
 	}
 	img.Tail = pos
 	return nil
