@@ -108,7 +108,8 @@ func (e *FrameError) Error() string {
 	return fmt.Sprintf("ursula: damaged record at stream offset %d: %s", e.Offset, e.Reason)
 }
 
-// ErrBadSnapshot is wrapped by every error of DecodeSnapshot about the blob's contents.
+// ErrBadSnapshot is wrapped by every error of DecodeSnapshot and ReadSnapshot about the
+// blob's contents.
 var ErrBadSnapshot = errors.New("ursula: damaged snapshot")
 
 // EncodeCommit returns the commit record of c: header and zstd-compressed body. It refuses
