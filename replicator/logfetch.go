@@ -33,7 +33,7 @@ func fetchLog(ctx context.Context, c *streamcore.Client, url string, from, to ui
 				return
 			}
 			go func() {
-				buf := make([]byte, 0, hi-lo)
+				var buf []byte
 				for pos := lo; pos < hi; {
 					rr, err := c.Read(ctx, url, streamcore.ReadOptions{Offset: streamcore.FormatOffset(pos), MaxBytes: int(hi - pos)})
 					if err != nil {
@@ -44,7 +44,12 @@ func fetchLog(ctx context.Context, c *streamcore.Client, url string, from, to ui
 						ch <- logWindow{err: newError(KindUnavailable, ActionRetry, nil, "stream read at %d returned nothing before %d", pos, to)}
 						return
 					}
-					buf = append(buf, rr.Data[:min(uint64(len(rr.Data)), hi-pos)]...)
+					part := rr.Data[:min(uint64(len(rr.Data)), hi-pos)]
+					if buf == nil && pos+uint64(len(part)) == hi {
+						buf = part // the usual case: one read fills the window, no copy
+					} else {
+						buf = append(buf, part...)
+					}
 					pos += uint64(len(rr.Data))
 				}
 				ch <- logWindow{data: buf}

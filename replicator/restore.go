@@ -176,7 +176,11 @@ func replay(ctx context.Context, c *streamcore.Client, url string, f *os.File, i
 			break
 		}
 		read += uint64(len(data))
-		pending = append(pending, data...)
+		if len(pending) == 0 {
+			pending = data // nothing cut from the window before: decode it in place
+		} else {
+			pending = append(pending, data...)
+		}
 		recs, used, err := DecodeRecords(pending, pos, maxFrame)
 		if err != nil {
 			return newError(KindDamaged, ActionStop, err, "stream record")
