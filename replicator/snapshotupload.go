@@ -181,10 +181,12 @@ func (s *snapshotter) publishParts(ctx context.Context, off string, blob *snapBl
 	}
 	c, url := s.r.opts.Client, s.r.url
 	defer func() {
+		// Also when closing: the parts would otherwise wait for the server's sweep. A
+		// discard while the commit still runs is refused (503) and logged only if not closing.
 		if err != nil {
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), discardTimeout)
 			defer cancel()
-			if _, derr := c.DiscardSnapshotParts(dctx, url); derr != nil {
+			if _, derr := c.DiscardSnapshotParts(dctx, url); derr != nil && ctx.Err() == nil {
 				s.r.logAt("warn", "snapshot_parts_discard_failed", "err=%q", derr.Error())
 			}
 		}
