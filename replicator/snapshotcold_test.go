@@ -8,19 +8,29 @@ import (
 
 	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/server/coldstore"
+	"github.com/ursula-go/ursula/server/coldstore/s3test"
 )
 
-// coldServer starts a real server (memory engine) whose cold tier is an fs store: the
-// tier that takes snapshots in parts.
-func coldServer(t *testing.T) string {
+// coldServer starts a real server (memory engine) whose cold tier (fs, or s3 on versitygw)
+// takes snapshots in parts.
+func coldServer(t *testing.T, backend string) string {
 	t.Helper()
-	store, err := coldstore.NewFS(t.TempDir())
+	var store coldstore.Store
+	var err error
+	var s3cfg coldstore.S3Config
+	if backend == "s3" {
+		gw := s3test.Start(t)
+		s3cfg = gw.Config("snapshot-parts")
+		store, err = coldstore.NewS3(context.Background(), s3cfg)
+	} else {
+		store, err = coldstore.NewFS(t.TempDir())
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
 	eng := server.NewMemoryEngine(0)
 	srv := server.New(eng, server.Config{ClusterID: "snapshot-parts"})
-	cfg := coldstore.Config{Backend: "fs", Dir: "unused", Root: "root",
+	cfg := coldstore.Config{Backend: backend, Dir: "unused", S3: s3cfg, Root: "root",
 		FlushInterval: coldstore.Duration(20 * time.Millisecond), FlushSize: coldstore.Size(1 << 20),
 		FlushMaxConcurrency: 4, GCInterval: coldstore.Duration(time.Second), GCGrace: coldstore.Duration(time.Hour)}
 	if err := srv.EnableCold(store, cfg, server.ColdOptions{BackoffMax: 300 * time.Millisecond}); err != nil {
@@ -33,9 +43,16 @@ func coldServer(t *testing.T) string {
 
 // TestSnapshotInPartsOnColdTier: against the real server with a cold tier, a snapshot body
 // of many parts (SnapshotPartBytes lowered to 64 KiB) is staged, committed, read back and
-// installed by a fresh restore page-identical to the owner's image.
+// installed by a fresh restore page-identical to the owner's image; on an fs and an s3
+// (versitygw) cold tier.
 func TestSnapshotInPartsOnColdTier(t *testing.T) {
-	base := coldServer(t)
+	for _, backend := range []string{"fs", "s3"} {
+		t.Run(backend, func(t *testing.T) { snapshotInParts(t, backend) })
+	}
+}
+
+func snapshotInParts(t *testing.T, backend string) {
+	base := coldServer(t, backend)
 	url := base + "/snap/coldparts"
 	r, _, lb := snapAttach(t, url, Options{SnapshotPartBytes: 64 << 10})
 	info, err := r.opts.Client.Head(context.Background(), url)
