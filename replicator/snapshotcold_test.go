@@ -60,7 +60,7 @@ func snapshotInParts(t *testing.T, backend string) {
 		t.Fatal(err)
 	}
 	if info.MaxSnapshotBytes <= 0 {
-		t.Skip("the server's HEAD sends no Ursula-Max-Snapshot-Bytes yet (no upload in parts): nothing to test")
+		t.Fatal("the server's HEAD sends no Ursula-Max-Snapshot-Bytes with a cold tier (no upload in parts)")
 	}
 	m := newModel()
 	for r.Status().Snapshot == "-1" {

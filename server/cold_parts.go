@@ -660,7 +660,7 @@ var errAssembleStopped = errors.New("the snapshot object write stopped")
 // whole. The store reads a pipe fed by ranged reads of the parts, assembleAhead pieces in
 // flight, so memory stays bounded whatever the snapshot's size.
 func (c *coldTier) assemble(ctx context.Context, dst string, parts []coldstore.ObjectInfo, total int64, ct string) (string, error) {
-	h := newSnapshotHash(ct)
+	h := streamcore.NewSnapshotDigest(ct)
 	pr, pw := io.Pipe()
 	readErr := make(chan error, 1)
 	go func() {

@@ -240,23 +240,7 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request, t *target)
 // SnapshotDigest is the digest of a snapshot: lowercase hex BLAKE3 of
 // (u64 little-endian len(content type) || content type || body) (checklist 21.3).
 func SnapshotDigest(contentType string, body []byte) string {
-	h := newSnapshotHash(contentType)
-	h.Write(body)
-	return hex.EncodeToString(h.Sum(nil))
-}
-
-// newSnapshotHash starts a snapshot digest; the body is written to it in any number of
-// pieces (a snapshot assembled from parts is never whole in memory).
-func newSnapshotHash(contentType string) *blake3.Hasher {
-	h := blake3.New(32, nil)
-	var n [8]byte
-	l := uint64(len(contentType))
-	for i := 0; i < 8; i++ {
-		n[i] = byte(l >> (8 * i))
-	}
-	h.Write(n[:])
-	h.Write([]byte(contentType))
-	return h
+	return streamcore.SnapshotDigestOf(contentType, body)
 }
 
 func (s *Server) handlePublishSnapshot(w http.ResponseWriter, r *http.Request, t *target, offText string) {
