@@ -50,6 +50,11 @@ Scenarios (--scenarios, comma separated; default all):
                                    appends timestamped messages at --sse-rate per second;
                                    delivery latency = receive time - send time
 
+The append scenarios use a lean HTTP/1.1 client by default (--client raw: one persistent
+connection per writer, no per-request allocation beyond the buffer), so that on a small
+machine the load generator takes little CPU from the server; --client nethttp uses Go's
+net/http client instead. Both send the same bytes to every target.
+
 compare prints each scenario of the runs side by side with the ratio of the first run to
 each other run (ops/s: higher is better; latency: lower is better).
 freeport prints N (default 1) free TCP ports on 127.0.0.1; wait polls URL until any HTTP
@@ -69,6 +74,7 @@ type config struct {
 	sseRate    int
 	jsonOut    bool
 	outFile    string
+	client     string // raw | nethttp (append scenarios)
 }
 
 // Run is the JSON document of one bench run.
@@ -121,6 +127,7 @@ func main() {
 	fs.IntVar(&c.bodySize, "body", 4096, "append body size in bytes")
 	fs.IntVar(&c.sseReaders, "sse-readers", 100, "SSE subscribers in sse-N scenarios given without N")
 	fs.IntVar(&c.sseRate, "sse-rate", 50, "messages per second the SSE writer appends")
+	fs.StringVar(&c.client, "client", "raw", "HTTP client of the append scenarios: raw (lean HTTP/1.1, one connection per writer) or nethttp (Go's net/http)")
 	fs.BoolVar(&c.jsonOut, "json", false, "print the run as JSON instead of a table")
 	fs.StringVar(&c.outFile, "out", "", "also write the run as JSON to this file")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the load generator to this file")
@@ -136,7 +143,7 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if c.url == "" || fs.NArg() > 0 {
+	if c.url == "" || fs.NArg() > 0 || c.client != "raw" && c.client != "nethttp" {
 		fs.Usage()
 		os.Exit(2)
 	}
@@ -311,38 +318,28 @@ func (b *bench) appendScenario(name string, writers int) (Result, error) {
 			st := &stats[i]
 			st.lat = make([]int64, 0, 1<<14)
 			u := urls[i]
-			pid := []string{fmt.Sprintf("bench-%s-%d", b.runID, i)}
-			epoch := []string{"0"}
-			ct := []string{"application/octet-stream"}
-			seqBuf := make([]byte, 0, 20)
+			pidText := fmt.Sprintf("bench-%s-%d", b.runID, i)
+			send := b.netHTTPAppender(u, pidText)
+			if b.cfg.client == "raw" {
+				rc, err := newRawConn(u, "application/octet-stream", pidText, len(b.body))
+				if err != nil {
+					st.first, st.errors = err.Error(), 1
+					<-start
+					return
+				}
+				defer rc.close()
+				send = func(seq uint64) (rawAnswer, error) { return rc.append(seq, b.body) }
+			}
 			<-start
 			for seq := uint64(0); ; seq++ {
 				p := phase.Load()
 				if p == phaseStop {
 					return
 				}
-				seqBuf = strconv.AppendUint(seqBuf[:0], seq, 10)
-				body := &bodyReader{b: b.body}
-				req := &http.Request{
-					Method: http.MethodPost, URL: u, Host: u.Host,
-					Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-					Header: http.Header{
-						"Content-Type":   ct,
-						"Producer-Id":    pid,
-						"Producer-Epoch": epoch,
-						"Producer-Seq":   {string(seqBuf)},
-					},
-					Body: body, ContentLength: int64(len(b.body)),
-					GetBody: func() (io.ReadCloser, error) { return &bodyReader{b: b.body}, nil },
-				}
 				t0 := time.Now()
-				resp, err := b.hc.Do(req)
-				if err == nil {
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-				}
+				ans, err := send(seq)
 				lat := time.Since(t0)
-				if err == nil && (resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusNoContent) {
+				if err == nil && (ans.status == http.StatusOK || ans.status == http.StatusNoContent) {
 					if p == phaseMeasure {
 						st.lat = append(st.lat, int64(lat))
 					}
@@ -351,8 +348,8 @@ func (b *bench) appendScenario(name string, writers int) (Result, error) {
 				st.errors++
 				// Resend this seq (an unknown outcome repeats its key), or resync to the
 				// seq the server expects after a gap.
-				if err == nil && resp.StatusCode == http.StatusConflict {
-					if exp, perr := strconv.ParseUint(resp.Header.Get(streamcore.HdrProducerExpectedSeq), 10, 64); perr == nil {
+				if err == nil && ans.status == http.StatusConflict {
+					if exp, perr := strconv.ParseUint(ans.expectedSeq, 10, 64); perr == nil {
 						seq = exp
 					}
 				}
@@ -361,7 +358,7 @@ func (b *bench) appendScenario(name string, writers int) (Result, error) {
 					if err != nil {
 						st.first = err.Error()
 					} else {
-						st.first = fmt.Sprintf("append answered %d", resp.StatusCode)
+						st.first = fmt.Sprintf("append answered %d", ans.status)
 					}
 				}
 				if err != nil {
@@ -393,6 +390,36 @@ func (b *bench) appendScenario(name string, writers int) (Result, error) {
 	r.MBPerSec = r.OpsPerSec * float64(len(b.body)) / 1e6
 	fillLatency(&r, all)
 	return r, nil
+}
+
+// netHTTPAppender sends appends with Go's net/http client (--client nethttp).
+func (b *bench) netHTTPAppender(u *url.URL, producerID string) func(seq uint64) (rawAnswer, error) {
+	pid := []string{producerID}
+	epoch := []string{"0"}
+	ct := []string{"application/octet-stream"}
+	seqBuf := make([]byte, 0, 20)
+	return func(seq uint64) (rawAnswer, error) {
+		seqBuf = strconv.AppendUint(seqBuf[:0], seq, 10)
+		req := &http.Request{
+			Method: http.MethodPost, URL: u, Host: u.Host,
+			Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+			Header: http.Header{
+				"Content-Type":   ct,
+				"Producer-Id":    pid,
+				"Producer-Epoch": epoch,
+				"Producer-Seq":   {string(seqBuf)},
+			},
+			Body: &bodyReader{b: b.body}, ContentLength: int64(len(b.body)),
+			GetBody: func() (io.ReadCloser, error) { return &bodyReader{b: b.body}, nil },
+		}
+		resp, err := b.hc.Do(req)
+		if err != nil {
+			return rawAnswer{}, err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return rawAnswer{status: resp.StatusCode, expectedSeq: resp.Header.Get(streamcore.HdrProducerExpectedSeq)}, nil
+	}
 }
 
 // sseScenario: readers subscribe to one text/plain stream; one writer appends

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+// rawConn is the lean HTTP/1.1 client of the append scenarios (--client raw): one
+// persistent connection per writer, requests written from a reused buffer in one write,
+// answers parsed for the status, Content-Length, chunked bodies, Connection: close and
+// the one header a writer needs (Producer-Expected-Seq). Go's net/http client costs about
+// as much CPU per request as a lean server does, and on two cores the load generator
+// shares the CPUs with the server: a lighter client measures the server, not the client.
+// It is the same client for every target, so ratios stay fair; --client nethttp
+// cross-checks it.
+type rawConn struct {
+	addr string
+	head []byte // request line and fixed headers, up to "Producer-Seq: "
+	conn net.Conn
+	br   *bufio.Reader
+	buf  []byte
+}
+
+// rawAnswer is what a writer needs of an answer.
+type rawAnswer struct {
+	status      int
+	expectedSeq string
+}
+
+func newRawConn(u *url.URL, contentType, producerID string, bodyLen int) (*rawConn, error) {
+	if u.Scheme != "http" {
+		return nil, fmt.Errorf("--client raw speaks plain http only, not %s", u.Scheme)
+	}
+	host := u.Host
+	addr := host
+	if u.Port() == "" {
+		addr = net.JoinHostPort(u.Hostname(), "80")
+	}
+	head := fmt.Sprintf("POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nProducer-Id: %s\r\nProducer-Epoch: 0\r\nProducer-Seq: ",
+		u.RequestURI(), host, contentType, bodyLen, producerID)
+	return &rawConn{addr: addr, head: []byte(head)}, nil
+}
+
+func (c *rawConn) close() {
+	if c.conn != nil {
+		c.conn.Close()
+		c.conn, c.br = nil, nil
+	}
+}
+
+// append sends one append with Producer-Seq seq and reads its answer. On any transport or
+// framing error the connection is dropped (the next call dials again).
+func (c *rawConn) append(seq uint64, body []byte) (rawAnswer, error) {
+	if c.conn == nil {
+		conn, err := net.DialTimeout("tcp", c.addr, 5*time.Second)
+		if err != nil {
+			return rawAnswer{}, err
+		}
+		if tc, ok := conn.(*net.TCPConn); ok {
+			tc.SetNoDelay(true)
+		}
+		c.conn, c.br = conn, bufio.NewReaderSize(conn, 16<<10)
+	}
+	c.buf = append(c.buf[:0], c.head...)
+	c.buf = strconv.AppendUint(c.buf, seq, 10)
+	c.buf = append(c.buf, "\r\n\r\n"...)
+	c.buf = append(c.buf, body...)
+	if _, err := c.conn.Write(c.buf); err != nil {
+		c.close()
+		return rawAnswer{}, err
+	}
+	a, err := c.readAnswer()
+	if err != nil {
+		c.close()
+	}
+	return a, err
+}
+
+var errFraming = errors.New("raw client: malformed HTTP answer")
+
+func (c *rawConn) readAnswer() (rawAnswer, error) {
+	var a rawAnswer
+	line, err := c.br.ReadSlice('\n')
+	if err != nil {
+		return a, err
+	}
+	// "HTTP/1.1 204 No Content"
+	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) {
+		return a, errFraming
+	}
+	st, err := strconv.Atoi(string(line[9:12]))
+	if err != nil {
+		return a, errFraming
+	}
+	a.status = st
+	length, chunked, closing := int64(-1), false, false
+	for {
+		line, err = c.br.ReadSlice('\n')
+		if err != nil {
+			return a, err
+		}
+		line = bytes.TrimRight(line, "\r\n")
+		if len(line) == 0 {
+			break
+		}
+		i := bytes.IndexByte(line, ':')
+		if i < 0 {
+			return a, errFraming
+		}
+		name, val := line[:i], bytes.TrimSpace(line[i+1:])
+		switch {
+		case bytes.EqualFold(name, []byte("Content-Length")):
+			if length, err = strconv.ParseInt(string(val), 10, 64); err != nil {
+				return a, errFraming
+			}
+		case bytes.EqualFold(name, []byte("Transfer-Encoding")):
+			chunked = bytes.EqualFold(val, []byte("chunked"))
+		case bytes.EqualFold(name, []byte("Connection")):
+			closing = bytes.EqualFold(val, []byte("close"))
+		case bytes.EqualFold(name, []byte("Producer-Expected-Seq")):
+			a.expectedSeq = string(val)
+		}
+	}
+	switch {
+	case st == 204 || st == 304 || st < 200:
+	case chunked:
+		if err := c.skipChunked(); err != nil {
+			return a, err
+		}
+	case length >= 0:
+		if _, err := c.br.Discard(int(length)); err != nil {
+			return a, err
+		}
+	default:
+		closing = true // body to the end of the connection
+	}
+	if closing {
+		c.close()
+	}
+	return a, nil
+}
+
+func (c *rawConn) skipChunked() error {
+	for {
+		line, err := c.br.ReadSlice('\n')
+		if err != nil {
+			return err
+		}
+		line = bytes.TrimRight(line, "\r\n")
+		if i := bytes.IndexByte(line, ';'); i >= 0 {
+			line = line[:i]
+		}
+		n, err := strconv.ParseInt(string(line), 16, 64)
+		if err != nil {
+			return errFraming
+		}
+		if n == 0 { // trailers until the empty line
+			for {
+				t, err := c.br.ReadSlice('\n')
+				if err != nil {
+					return err
+				}
+				if len(bytes.TrimRight(t, "\r\n")) == 0 {
+					return nil
+				}
+			}
+		}
+		if _, err := io.CopyN(io.Discard, c.br, n+2); err != nil {
+			return err
+		}
+	}
+}
