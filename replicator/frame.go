@@ -215,15 +215,12 @@ func EncodeSnapshot(h SnapshotHeader, image []byte) ([]byte, error) {
 	return blob, nil
 }
 
-// DecodeSnapshot checks a snapshot blob and returns its header and database image. An image
-// over maxImage bytes is refused before anything is decompressed. Damage is an error
-// wrapping ErrBadSnapshot.
-func DecodeSnapshot(b []byte, maxImage int) (SnapshotHeader, []byte, error) {
-	bad := func(format string, args ...any) (SnapshotHeader, []byte, error) {
-		return SnapshotHeader{}, nil, fmt.Errorf("%w: %s", ErrBadSnapshot, fmt.Sprintf(format, args...))
-	}
-	if len(b) < snapshotHeaderSize {
-		return bad("%d bytes, shorter than the %d byte header", len(b), snapshotHeaderSize)
+// parseSnapshotHeader checks the magic, version and reserved bytes of a snapshot header
+// (snapshotHeaderSize bytes) and returns its fields; the geometry, length and crc are the
+// caller's to check, in its order.
+func parseSnapshotHeader(b []byte) (SnapshotHeader, error) {
+	bad := func(format string, args ...any) (SnapshotHeader, error) {
+		return SnapshotHeader{}, fmt.Errorf("%w: %s", ErrBadSnapshot, fmt.Sprintf(format, args...))
 	}
 	if [4]byte(b[:4]) != snapshotMagic {
 		return bad("bad magic %q", b[:4])
@@ -234,6 +231,23 @@ func DecodeSnapshot(b []byte, maxImage int) (SnapshotHeader, []byte, error) {
 	if b[5]|b[6]|b[7] != 0 {
 		return bad("reserved bytes %x are not zero", b[5:8])
 	}
+	return SnapshotHeader{PageSize: le.Uint32(b[8:]), DBPages: le.Uint32(b[12:]), Epoch: le.Uint64(b[16:]), Offset: le.Uint64(b[24:])}, nil
+}
+
+// DecodeSnapshot checks a snapshot blob and returns its header and database image. An image
+// over maxImage bytes is refused before anything is decompressed. Damage is an error
+// wrapping ErrBadSnapshot.
+func DecodeSnapshot(b []byte, maxImage int) (SnapshotHeader, []byte, error) {
+	bad := func(format string, args ...any) (SnapshotHeader, []byte, error) {
+		return SnapshotHeader{}, nil, fmt.Errorf("%w: %s", ErrBadSnapshot, fmt.Sprintf(format, args...))
+	}
+	if len(b) < snapshotHeaderSize {
+		return bad("%d bytes, shorter than the %d byte header", len(b), snapshotHeaderSize)
+	}
+	h, err := parseSnapshotHeader(b[:snapshotHeaderSize])
+	if err != nil {
+		return SnapshotHeader{}, nil, err
+	}
 	if n := le.Uint32(b[36:]); uint64(n) != uint64(len(b)-snapshotHeaderSize) {
 		return bad("header says %d payload bytes, blob has %d", n, len(b)-snapshotHeaderSize)
 	}
@@ -241,7 +255,6 @@ func DecodeSnapshot(b []byte, maxImage int) (SnapshotHeader, []byte, error) {
 	if got, want := checksum(b[:32], payload), le.Uint32(b[32:]); got != want {
 		return bad("crc32c mismatch: computed %08x, header says %08x", got, want)
 	}
-	h := SnapshotHeader{PageSize: le.Uint32(b[8:]), DBPages: le.Uint32(b[12:]), Epoch: le.Uint64(b[16:]), Offset: le.Uint64(b[24:])}
 	if err := checkGeometry(h.PageSize, h.DBPages); err != nil {
 		return bad("%v", err)
 	}

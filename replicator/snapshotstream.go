@@ -107,16 +107,10 @@ func ReadSnapshot(r io.Reader, dst io.WriterAt, maxBody, maxImage int64) (Snapsh
 		}
 		return SnapshotHeader{}, 0, err
 	}
-	if [4]byte(b[:4]) != snapshotMagic {
-		return bad("bad magic %q", b[:4])
+	h, err := parseSnapshotHeader(b[:])
+	if err != nil {
+		return SnapshotHeader{}, 0, err
 	}
-	if b[4] != formatVersion {
-		return bad("unknown version %d", b[4])
-	}
-	if b[5]|b[6]|b[7] != 0 {
-		return bad("reserved bytes %x are not zero", b[5:8])
-	}
-	h := SnapshotHeader{PageSize: le.Uint32(b[8:]), DBPages: le.Uint32(b[12:]), Epoch: le.Uint64(b[16:]), Offset: le.Uint64(b[24:])}
 	if err := checkGeometry(h.PageSize, h.DBPages); err != nil {
 		return bad("%v", err)
 	}

@@ -277,6 +277,23 @@ func (c *coldTier) partDone(key string, reserve, size int64) {
 	c.parts.forget(key)
 }
 
+// partsRequest checks what a part or a discard needs before anything else: a well-formed
+// Stream-Incarnation, a cold store, the stream's leader here, the stream and the
+// precondition. It returns the stream's incarnation.
+func (s *Server) partsRequest(r *http.Request, key string) (uint64, *streamcore.Error) {
+	ifInc, e := parseIncarnation(r)
+	if e != nil {
+		return 0, e
+	}
+	if s.cold == nil {
+		return 0, noColdStore()
+	}
+	if e := s.leaderFor(key); e != nil {
+		return 0, e
+	}
+	return s.partsTarget(key, ifInc)
+}
+
 // partsTarget checks that the stream exists and matches the Stream-Incarnation
 // precondition, and returns its incarnation.
 func (s *Server) partsTarget(key string, ifInc uint64) (uint64, *streamcore.Error) {
@@ -318,17 +335,7 @@ func (s *Server) handleStagePart(w http.ResponseWriter, r *http.Request, t *targ
 		s.writeError(w, r, streamcore.Errorf(http.StatusBadRequest, streamcore.CodeInvalidOffset, "%s", err.Error()))
 		return
 	}
-	ifInc, e := parseIncarnation(r)
-	if e == nil && s.cold == nil {
-		e = noColdStore()
-	}
-	if e == nil {
-		e = s.leaderFor(t.key)
-	}
-	var inc uint64
-	if e == nil {
-		inc, e = s.partsTarget(t.key, ifInc)
-	}
+	inc, e := s.partsRequest(r, t.key)
 	if e == nil && r.ContentLength > streamcore.MaxRequestBytes {
 		e = tooLarge(true)
 	}
@@ -372,17 +379,7 @@ func (s *Server) handleStagePart(w http.ResponseWriter, r *http.Request, t *targ
 // incarnation goes, and those of earlier incarnations staged over a minute ago.
 func (s *Server) handleDiscardParts(w http.ResponseWriter, r *http.Request, t *target) {
 	drainBody(r)
-	ifInc, e := parseIncarnation(r)
-	if e == nil && s.cold == nil {
-		e = noColdStore()
-	}
-	if e == nil {
-		e = s.leaderFor(t.key)
-	}
-	var inc uint64
-	if e == nil {
-		inc, e = s.partsTarget(t.key, ifInc)
-	}
+	inc, e := s.partsRequest(r, t.key)
 	c := s.cold
 	if e == nil && !c.parts.begin(t.key, inc) {
 		e = partsBusy(streamcore.CodeCommitInProgress, "a commit or discard of this stream's parts is running; retry when it ends")

@@ -29,23 +29,9 @@ func TestDatabaseOnColdTier(t *testing.T) {
 	if raceEnabled {
 		dbMB = 50
 	}
-	gw := s3test.Start(t)
-	store, err := coldstore.NewS3(context.Background(), gw.Config("vfs-cold"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	eng := server.NewMemoryEngine(0)
-	srv := server.New(eng, server.Config{ClusterID: "vfs-cold"})
-	cfg := coldstore.Config{Backend: "s3", S3: gw.Config("vfs-cold"), Root: "root",
-		FlushInterval: coldstore.Duration(20 * time.Millisecond), FlushSize: coldstore.Size(1 << 20),
-		FlushMaxConcurrency: 4, GCInterval: coldstore.Duration(time.Second), GCGrace: coldstore.Duration(time.Hour)}
-	if err := srv.EnableCold(store, cfg, server.ColdOptions{BackoffMax: 300 * time.Millisecond}); err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(srv)
-	defer func() { ts.Close(); srv.StopCold(); eng.Close() }()
+	base, store := s3ColdServer(t, "vfs-cold", 1<<20)
 
-	url := ts.URL + "/colddb/big"
+	url := base + "/colddb/big"
 	ownerPath := filepath.Join(t.TempDir(), "owner.db")
 	owner, err := Open(url, Options{Path: ownerPath})
 	if err != nil {
@@ -106,4 +92,26 @@ func TestDatabaseOnColdTier(t *testing.T) {
 	if got, _ := os.ReadFile(fresh); !bytes.Equal(got, want) {
 		t.Fatalf("the rebuilt file (%d bytes) differs from the owner's (%d bytes)", len(got), len(want))
 	}
+}
+
+// s3ColdServer starts a real server (memory engine) whose cold tier is a versitygw S3
+// bucket under prefix, flushing in chunks of flushSize; it returns its URL and the store.
+func s3ColdServer(tb testing.TB, prefix string, flushSize int64) (string, coldstore.Store) {
+	tb.Helper()
+	gw := s3test.Start(tb)
+	store, err := coldstore.NewS3(context.Background(), gw.Config(prefix))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	eng := server.NewMemoryEngine(0)
+	srv := server.New(eng, server.Config{ClusterID: prefix})
+	cfg := coldstore.Config{Backend: "s3", S3: gw.Config(prefix), Root: "root",
+		FlushInterval: coldstore.Duration(20 * time.Millisecond), FlushSize: coldstore.Size(flushSize),
+		FlushMaxConcurrency: 4, GCInterval: coldstore.Duration(time.Second), GCGrace: coldstore.Duration(time.Hour)}
+	if err := srv.EnableCold(store, cfg, server.ColdOptions{BackoffMax: 300 * time.Millisecond}); err != nil {
+		tb.Fatal(err)
+	}
+	ts := httptest.NewServer(srv)
+	tb.Cleanup(func() { ts.Close(); srv.StopCold(); eng.Close() })
+	return ts.URL, store
 }

@@ -4,15 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/ursula-go/ursula/server"
-	"github.com/ursula-go/ursula/server/coldstore"
-	"github.com/ursula-go/ursula/server/coldstore/s3test"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -63,22 +59,8 @@ func BenchmarkColdStartS3(b *testing.B) {
 // through the VFS and keeps writing until its snapshot is published; it returns the
 // stream URL and the owner's (checkpointed, closed) file.
 func coldStartSetup(b *testing.B, mb int) (string, string) {
-	gw := s3test.Start(b)
-	store, err := coldstore.NewS3(context.Background(), gw.Config("coldstart"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	eng := server.NewMemoryEngine(0)
-	srv := server.New(eng, server.Config{ClusterID: "coldstart"})
-	cfg := coldstore.Config{Backend: "s3", S3: gw.Config("coldstart"), Root: "root",
-		FlushInterval: coldstore.Duration(50 * time.Millisecond), FlushSize: coldstore.Size(8 << 20),
-		FlushMaxConcurrency: 4, GCInterval: coldstore.Duration(time.Minute), GCGrace: coldstore.Duration(time.Hour)}
-	if err := srv.EnableCold(store, cfg, server.ColdOptions{BackoffMax: 300 * time.Millisecond}); err != nil {
-		b.Fatal(err)
-	}
-	ts := httptest.NewServer(srv)
-	b.Cleanup(func() { ts.Close(); srv.StopCold(); eng.Close() })
-	url := ts.URL + fmt.Sprintf("/bench/cold%d", mb)
+	base, _ := s3ColdServer(b, "coldstart", 8<<20)
+	url := base + fmt.Sprintf("/bench/cold%d", mb)
 
 	c, _ := streamcore.NewClient("")
 	ownerPath := filepath.Join(b.TempDir(), "owner.db")

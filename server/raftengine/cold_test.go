@@ -69,19 +69,7 @@ func coldCluster(t *testing.T, n int, store coldstore.Store, cfg coldstore.Confi
 
 func do(t *testing.T, method, url string, body []byte) (*http.Response, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(method, url, bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/octet-stream")
-	cl := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	res, err := cl.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	b, _ := io.ReadAll(res.Body)
-	return res, b
+	return doH(t, method, url, body, "Content-Type", "application/octet-stream")
 }
 
 // hotRecount is what the O(1) counter must equal: the hot bytes of every stream of g.
