@@ -28,6 +28,7 @@ max_hot_size_per_group = 0
 cache_size = "16MiB"
 gc_interval = "30s"
 gc_grace = "2m"
+parts_grace = "36h"
 snapshot_min_size = 1048576
 [storage.cold.s3]
 bucket = "b"
@@ -49,7 +50,8 @@ force_path_style = true
 	}
 	c := fc.Storage.Cold
 	if c.FlushSize != 4<<20 || c.HotCap() != 0 || c.MaxHotAge() != 0 || c.FlushInterval.D() != 200*time.Millisecond ||
-		c.S3.Bucket != "b" || c.S3.ForcePathStyle == nil || !*c.S3.ForcePathStyle || c.SnapshotMinSize != 1<<20 {
+		c.S3.Bucket != "b" || c.S3.ForcePathStyle == nil || !*c.S3.ForcePathStyle || c.SnapshotMinSize != 1<<20 ||
+		c.PartsGrace.D() != 36*time.Hour {
 		t.Fatalf("decoded %+v", c)
 	}
 	data := t.TempDir()
