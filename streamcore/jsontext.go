@@ -188,19 +188,8 @@ func (p *jsonParser) object(depth int) *Error {
 		if e := p.value(depth); e != nil {
 			return e
 		}
-		p.ws()
-		if p.i >= len(p.in) {
-			return p.fail("unterminated object")
-		}
-		switch p.in[p.i] {
-		case ',':
-			p.i++
-			p.ws()
-		case '}':
-			p.i++
-			return nil
-		default:
-			return p.fail("expected ',' or '}' in an object")
+		if done, e := p.next('}', "object"); done || e != nil {
+			return e
 		}
 	}
 }
@@ -217,21 +206,33 @@ func (p *jsonParser) array(depth int) *Error {
 		if e := p.value(depth); e != nil {
 			return e
 		}
-		p.ws()
-		if p.i >= len(p.in) {
-			return p.fail("unterminated array")
-		}
-		switch p.in[p.i] {
-		case ',':
-			p.i++
-			p.ws()
-		case ']':
-			p.i++
-			return nil
-		default:
-			return p.fail("expected ',' or ']' in an array")
+		if done, e := p.next(']', "array"); done || e != nil {
+			return e
 		}
 	}
+}
+
+// next consumes what follows a member or element of a container closed by end: a ','
+// (more to come) or end itself (done).
+func (p *jsonParser) next(end byte, what string) (done bool, e *Error) {
+	p.ws()
+	if p.i >= len(p.in) {
+		return false, p.fail("unterminated " + what)
+	}
+	switch p.in[p.i] {
+	case ',':
+		p.i++
+		p.ws()
+		return false, nil
+	case end:
+		p.i++
+		return true, nil
+	}
+	article := "a"
+	if what == "array" || what == "object" {
+		article = "an"
+	}
+	return false, p.fail("expected ',' or '" + string(end) + "' in " + article + " " + what)
 }
 
 func (p *jsonParser) literal(word string) *Error {

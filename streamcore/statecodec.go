@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
+	"slices"
 	"sort"
 )
 
@@ -228,13 +230,18 @@ func DecodeCommand(b []byte) (*Command, error) {
 	c.BoundaryChecked = d.bool()
 	c.ChunkKey = d.s()
 	c.ChunkEnd = d.u()
+	if err := d.finish(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// finish reports the first decoding error, or a failure when bytes are left over.
+func (d *decoder) finish() error {
 	if d.err == nil && len(d.b) != 0 {
 		d.fail()
 	}
-	if d.err != nil {
-		return nil, d.err
-	}
-	return c, nil
+	return d.err
 }
 
 func (e *encoder) forkSpec(f *ForkSpec) {
@@ -252,11 +259,7 @@ func (e *encoder) err(x *Error) {
 	e.i(int64(x.Status))
 	e.s(x.Code)
 	e.s(x.Message)
-	keys := make([]string, 0, len(x.Headers))
-	for k := range x.Headers {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
+	keys := slices.Sorted(maps.Keys(x.Headers))
 	e.u(uint64(len(keys)))
 	for _, k := range keys {
 		e.s(k)
@@ -294,11 +297,7 @@ func WriteState(w io.Writer, st *State) error {
 	for _, b := range buckets {
 		e.s(b)
 	}
-	keys := make([]string, 0, len(st.Streams))
-	for k := range st.Streams {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
+	keys := slices.Sorted(maps.Keys(st.Streams))
 	e.u(uint64(len(keys)))
 	for _, k := range keys {
 		e.s(k)
@@ -329,11 +328,8 @@ func ReadState(b []byte) (*State, error) {
 		k := d.s()
 		st.Streams[k] = d.stream()
 	}
-	if d.err == nil && len(d.b) != 0 {
-		d.fail()
-	}
-	if d.err != nil {
-		return nil, d.err
+	if err := d.finish(); err != nil {
+		return nil, err
 	}
 	return st, nil
 }
@@ -365,11 +361,7 @@ func (e *encoder) stream(s *Stream) {
 		prev = a
 	}
 	e.s(s.StreamSeq)
-	ids := make([]string, 0, len(s.Producers))
-	for id := range s.Producers {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
+	ids := slices.Sorted(maps.Keys(s.Producers))
 	e.u(uint64(len(ids)))
 	for _, id := range ids {
 		e.s(id)
