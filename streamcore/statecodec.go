@@ -401,17 +401,9 @@ func (b *Buffer) heldStart() uint64 {
 }
 
 func (d *decoder) stream() *Stream {
-	s := &Stream{}
-	s.Key = d.s()
-	s.ContentType = d.s()
-	s.TTL = d.i()
-	s.ExpiresAt = d.s()
-	s.ExpiresAtMs = d.i()
-	s.Closed = d.bool()
-	s.Incarnation = d.u()
-	s.CreatedMs = d.i()
-	s.RenewedMs = d.i()
-	s.Retained = d.u()
+	s := &Stream{Key: d.s(), ContentType: d.s(), TTL: d.i(), ExpiresAt: d.s(),
+		ExpiresAtMs: d.i(), Closed: d.bool(), Incarnation: d.u(), CreatedMs: d.i(),
+		RenewedMs: d.i(), Retained: d.u()}
 	held := d.u()
 	base := held + d.u()
 	data := d.raw(d.n())
@@ -472,17 +464,10 @@ func (e *encoder) producer(p *Producer) {
 }
 
 func (d *decoder) producer() *Producer {
-	p := &Producer{}
-	p.Epoch = d.u()
-	p.LastSeq = d.u()
-	p.LastSeen = d.i()
-	p.ClosedEpoch = d.u()
-	p.ClosedSeq = d.u()
-	p.HasClosed = d.bool()
-	p.ClaimDigest = d.s()
-	p.Newest = d.receipt()
-	p.AboveFloor = d.bool()
-	return p
+	// Composite literal fields are evaluated left to right, in the encoder's order.
+	return &Producer{Epoch: d.u(), LastSeq: d.u(), LastSeen: d.i(), ClosedEpoch: d.u(),
+		ClosedSeq: d.u(), HasClosed: d.bool(), ClaimDigest: d.s(), Newest: d.receipt(),
+		AboveFloor: d.bool()}
 }
 
 func (e *encoder) receipt(r *Receipt) {
