@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/ursula-go/ursula/server"
-	"github.com/ursula-go/ursula/server/coldstore"
-	"github.com/ursula-go/ursula/server/coldstore/s3test"
+	coldstore "github.com/ursula-go/ursula/coldtier/store"
+	"github.com/ursula-go/ursula/coldtier/store/s3test"
 )
 
 // coldServer starts a real server (memory engine) whose cold tier (fs, or s3 on versitygw)

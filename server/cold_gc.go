@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ursula-go/ursula/server/coldstore"
+	coldstore "github.com/ursula-go/ursula/coldtier/store"
 	"github.com/ursula-go/ursula/streamcore"
 )
 

@@ -9,7 +9,7 @@ import (
 	"runtime"
 	"sync"
 
-	"github.com/ursula-go/ursula/server/coldstore"
+	coldstore "github.com/ursula-go/ursula/coldtier/store"
 	"github.com/ursula-go/ursula/streamcore"
 )
 

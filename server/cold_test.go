@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ursula-go/ursula/server/coldstore"
-	"github.com/ursula-go/ursula/server/coldstore/s3test"
+	coldstore "github.com/ursula-go/ursula/coldtier/store"
+	"github.com/ursula-go/ursula/coldtier/store/s3test"
 	"github.com/ursula-go/ursula/streamcore"
 )
 

@@ -12,8 +12,8 @@ import (
 
 	"github.com/ursula-go/ursula/replicator"
 	"github.com/ursula-go/ursula/server"
-	"github.com/ursula-go/ursula/server/coldstore"
-	"github.com/ursula-go/ursula/server/coldstore/s3test"
+	coldstore "github.com/ursula-go/ursula/coldtier/store"
+	"github.com/ursula-go/ursula/coldtier/store/s3test"
 	"github.com/ursula-go/ursula/streamcore"
 )
 

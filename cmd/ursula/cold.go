@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/ursula-go/ursula/server"
-	"github.com/ursula-go/ursula/server/coldstore"
+	coldstore "github.com/ursula-go/ursula/coldtier/store"
 )
 
 // storageConfig is the [storage] section of the config file:

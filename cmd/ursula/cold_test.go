@@ -12,7 +12,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/ursula-go/ursula/server"
-	"github.com/ursula-go/ursula/server/raftengine"
+	"github.com/ursula-go/ursula/engine/raft"
 )
 
 func TestColdConfig(t *testing.T) {

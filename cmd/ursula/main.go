@@ -22,8 +22,8 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/ursula-go/ursula/server"
-	"github.com/ursula-go/ursula/server/nodelog"
-	"github.com/ursula-go/ursula/server/raftengine"
+	"github.com/ursula-go/ursula/raftlog"
+	"github.com/ursula-go/ursula/engine/raft"
 )
 
 const usage = `ursula: a Durable Streams server (HTTP append-only streams with snapshots,
@@ -319,7 +319,7 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, stderr io.Writer, logger 
 	if len(peers) == 0 {
 		peers = []raftengine.Peer{{ID: rc.NodeID, URL: selfURL}}
 	}
-	fsync, err := nodelog.ParseFsyncMode(pickStr(rc.WAL.Fsync, "never"))
+	fsync, err := raftlog.ParseFsyncMode(pickStr(rc.WAL.Fsync, "never"))
 	if err != nil {
 		return nil, nil, fmt.Errorf("raft.wal.fsync: %w", err)
 	}
@@ -327,7 +327,7 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, stderr io.Writer, logger 
 	if err := os.MkdirAll(walDir, 0o755); err != nil {
 		return nil, nil, fmt.Errorf("raft.wal.path: %w", err)
 	}
-	nl, err := nodelog.Open(walDir, nodelog.Options{Fsync: fsync, SegmentBytes: rc.WAL.SegmentSize,
+	nl, err := raftlog.Open(walDir, raftlog.Options{Fsync: fsync, SegmentBytes: rc.WAL.SegmentSize,
 		Logf: func(f string, a ...any) { logger.Warn(fmt.Sprintf(f, a...), "component", "nodelog") }})
 	if err != nil {
 		return nil, nil, fmt.Errorf("node log %s: %w", walDir, err)
