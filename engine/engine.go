@@ -1,4 +1,4 @@
-package server
+package engine
 
 import (
 	"context"
@@ -8,8 +8,8 @@ import (
 )
 
 // Engine is the seam between the HTTP handlers and where stream state lives. The memory
-// engine keeps it in this process; the raft engine (a later issue) replicates the same
-// commands through multi-Raft groups. Handlers never know which one runs.
+// engine keeps it in this process; the raft engine replicates the same commands through
+// multi-Raft groups. Handlers never know which one runs.
 type Engine interface {
 	// Propose applies a command once it is committed and returns its answer.
 	Propose(ctx context.Context, c *streamcore.Command) (streamcore.Result, error)
@@ -22,6 +22,10 @@ type Engine interface {
 	Watch(key string) <-chan struct{}
 	// BucketKnown reports whether a stream was ever created in bucket.
 	BucketKnown(bucket string) bool
+	// RenewRead renews the sliding TTL of key, which a read at now made due. A
+	// replicated engine's follower cannot propose: it asks the stream's leader, in the
+	// background and at most once a second per stream.
+	RenewRead(ctx context.Context, key string, now int64)
 	// Stats reports engine-wide counts for the admin endpoints.
 	Stats() EngineStats
 	// Close stops background work.
@@ -80,4 +84,44 @@ type RaftAdmin interface {
 	TransferLeadership(group uint64, to uint64) error
 	// Drain moves every leadership this node holds to other voters.
 	Drain() error
+}
+
+// HotStream is a stream with unflushed bytes [HotStart, Tail).
+type HotStream struct {
+	Key         string
+	Incarnation uint64
+	HotStart    uint64
+	Tail        uint64
+}
+
+// Groups is what the cold tier needs of an engine beyond Engine. A group is a unit of
+// hot accounting and admission: a Raft group, or a partition of the memory engine. Group
+// ids are uint64 on every engine.
+type Groups interface {
+	// FlushGroups lists the groups whose streams this node may flush (for a replicated
+	// engine: the groups it leads).
+	FlushGroups() []uint64
+	// GroupOf returns the group of a stream key.
+	GroupOf(key string) uint64
+	// GroupHotBytes is the group's unflushed payload (cheap: called on every append).
+	GroupHotBytes(g uint64) int64
+	// HotStreams lists the streams of group g with hot bytes, most hot bytes first.
+	HotStreams(g uint64) []HotStream
+	// ColdRefs calls fn with the key of every cold object any local stream references
+	// (every local replica, led or followed).
+	ColdRefs(fn func(key string))
+}
+
+// ColdPeers is implemented by a replicated engine. The cold collector then runs only
+// where CollectHere says (one node at a time), and deletes an object only after every
+// other voter answered, through the engine's peer channel, that none of its replicas
+// references it and none of its reads or uploads pins it.
+type ColdPeers interface {
+	CollectHere() bool
+	// PeersColdRefs returns the keys some other voter still needs; an error when any
+	// voter did not answer.
+	PeersColdRefs(ctx context.Context, keys []string) (map[string]bool, error)
+	// SetColdPins gives the engine this node's pins, for its answers to the other
+	// voters' collectors (nil: answer with the replicas' references only).
+	SetColdPins(pinned func(key string) bool)
 }

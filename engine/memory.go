@@ -1,40 +1,37 @@
-package server
+package engine
 
 import (
 	"context"
 	"hash/fnv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/ursula-go/ursula/streamcore"
 )
 
-// memoryShards spreads streams over independent locks, as groups do in the raft engine.
-const memoryShards = 64
+// memoryPartitions spreads streams over independent locks, as groups do in the raft engine.
+const memoryPartitions = 64
 
-// MemoryEngine keeps every stream in process memory: nothing survives a restart. It is the
-// engine of tests and throwaway runs.
-type MemoryEngine struct {
-	shards [memoryShards]memShard
-	stop   chan struct{}
-	once   sync.Once
+// Memory keeps every stream in process memory: nothing survives a restart. It is the
+// engine of tests and throwaway runs. Each of its partitions is a group for the cold tier.
+type Memory struct {
+	parts []*Partition
+	stop  chan struct{}
+	once  sync.Once
 }
 
-type memShard struct {
-	mu       sync.RWMutex
-	state    *streamcore.State
-	watchers map[string]chan struct{}
-	hot      atomic.Int64 // hot (unflushed) bytes of the shard's streams, for cold admission
-}
+var (
+	_ Engine = (*Memory)(nil)
+	_ Groups = (*Memory)(nil)
+)
 
-// NewMemoryEngine returns an empty memory engine that sweeps expired streams every sweep.
-func NewMemoryEngine(sweep time.Duration) *MemoryEngine {
-	e := &MemoryEngine{stop: make(chan struct{})}
-	for i := range e.shards {
-		e.shards[i].state = streamcore.NewState()
-		e.shards[i].state.Peer = func(key string) *streamcore.State { return e.shard(key).state }
-		e.shards[i].watchers = map[string]chan struct{}{}
+// NewMemory returns an empty memory engine that sweeps expired streams every sweep.
+func NewMemory(sweep time.Duration) *Memory {
+	e := &Memory{stop: make(chan struct{})}
+	for range memoryPartitions {
+		st := streamcore.NewState()
+		st.Peer = func(key string) *streamcore.State { return e.partition(key).state }
+		e.parts = append(e.parts, NewPartition(st))
 	}
 	if sweep > 0 {
 		go e.sweeper(sweep)
@@ -42,133 +39,89 @@ func NewMemoryEngine(sweep time.Duration) *MemoryEngine {
 	return e
 }
 
-func (e *MemoryEngine) shard(key string) *memShard {
+func (e *Memory) partition(key string) *Partition { return e.parts[e.GroupOf(key)] }
+
+// GroupOf implements Groups: FNV-1a 32 of the key mod the partition count.
+func (e *Memory) GroupOf(key string) uint64 {
 	h := fnv.New32a()
 	h.Write([]byte(key))
-	return &e.shards[h.Sum32()%memoryShards]
+	return uint64(h.Sum32() % memoryPartitions)
 }
 
 // Propose implements Engine.
-func (e *MemoryEngine) Propose(ctx context.Context, c *streamcore.Command) (streamcore.Result, error) {
-	sh := e.shard(c.Key)
-	sh.mu.Lock()
-	if sh.state.InvolvesForks(c) {
-		sh.mu.Unlock()
-		return e.proposeLocked(c), nil
+func (e *Memory) Propose(ctx context.Context, c *streamcore.Command) (streamcore.Result, error) {
+	p := e.partition(c.Key)
+	p.Lock()
+	if p.state.InvolvesForks(c) {
+		p.Unlock()
+		return e.proposeAcross(c), nil
 	}
-	before := sh.hotOf(c.Key)
-	res := sh.state.Apply(c)
-	sh.hot.Add(sh.hotOf(c.Key) - before)
-	wake := sh.takeWatcher(c.Key, res.Changed)
-	sh.mu.Unlock()
-	if wake != nil {
-		close(wake)
+	res := p.ApplyLocked(c)
+	var wake chan struct{}
+	if res.Changed {
+		wake = p.TakeWatcherLocked(c.Key)
 	}
+	p.Unlock()
+	Wake(wake)
 	return res, nil
 }
 
-// proposeLocked applies a command that may touch streams of other shards (forks) while
-// holding every shard's lock, taken in index order.
-func (e *MemoryEngine) proposeLocked(c *streamcore.Command) streamcore.Result {
+// proposeAcross applies a command that may touch streams of other partitions (forks)
+// while holding every partition's lock, taken in index order.
+func (e *Memory) proposeAcross(c *streamcore.Command) streamcore.Result {
 	e.lockAll()
-	sh := e.shard(c.Key)
-	res := sh.state.Apply(c)
-	e.recountHot()
+	res := e.partition(c.Key).ApplyLocked(c)
 	var wakes []chan struct{}
-	if res.Changed {
-		// A cascade may have removed other streams; wake every waiter so they re-check.
-		for i := range e.shards {
-			for k, ch := range e.shards[i].watchers {
-				wakes = append(wakes, ch)
-				delete(e.shards[i].watchers, k)
-			}
+	for _, p := range e.parts {
+		p.RecountHotLocked()
+		if res.Changed {
+			// A cascade may have removed other streams; wake every waiter so they re-check.
+			wakes = append(wakes, p.TakeWatchersLocked()...)
 		}
 	}
 	e.unlockAll()
-	for _, ch := range wakes {
-		close(ch)
-	}
+	Wake(wakes...)
 	return res
 }
 
-func (e *MemoryEngine) lockAll() {
-	for i := range e.shards {
-		e.shards[i].mu.Lock()
+func (e *Memory) lockAll() {
+	for _, p := range e.parts {
+		p.Lock()
 	}
 }
 
-func (e *MemoryEngine) unlockAll() {
-	for i := len(e.shards) - 1; i >= 0; i-- {
-		e.shards[i].mu.Unlock()
+func (e *Memory) unlockAll() {
+	for i := len(e.parts) - 1; i >= 0; i-- {
+		e.parts[i].Unlock()
 	}
-}
-
-func (sh *memShard) takeWatcher(key string, changed bool) chan struct{} {
-	if !changed {
-		return nil
-	}
-	ch := sh.watchers[key]
-	delete(sh.watchers, key)
-	return ch
 }
 
 // View implements Engine.
-func (e *MemoryEngine) View(key string, now int64, fn func(*streamcore.State, *streamcore.Stream)) {
-	sh := e.shard(key)
-	sh.mu.RLock()
-	defer sh.mu.RUnlock()
-	fn(sh.state, sh.state.Live(key, now))
+func (e *Memory) View(key string, now int64, fn func(*streamcore.State, *streamcore.Stream)) {
+	e.partition(key).View(key, now, fn)
 }
 
 // Watch implements Engine.
-func (e *MemoryEngine) Watch(key string) <-chan struct{} {
-	sh := e.shard(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	ch := sh.watchers[key]
-	if ch == nil {
-		ch = make(chan struct{})
-		sh.watchers[key] = ch
-	}
-	return ch
-}
+func (e *Memory) Watch(key string) <-chan struct{} { return e.partition(key).Watch(key) }
 
 // BucketKnown implements Engine.
-func (e *MemoryEngine) BucketKnown(bucket string) bool {
-	for i := range e.shards {
-		sh := &e.shards[i]
-		sh.mu.RLock()
-		ok := sh.state.Buckets[bucket]
-		sh.mu.RUnlock()
-		if ok {
-			return true
-		}
-	}
-	return false
+func (e *Memory) BucketKnown(bucket string) bool { return BucketKnownIn(e.parts, bucket) }
+
+// RenewRead implements Engine.
+func (e *Memory) RenewRead(ctx context.Context, key string, now int64) {
+	e.Propose(ctx, &streamcore.Command{Op: streamcore.OpTouch, Key: key, Now: now})
 }
 
 // Stats implements Engine.
-func (e *MemoryEngine) Stats() EngineStats {
-	st := EngineStats{Engine: "memory"}
-	for i := range e.shards {
-		sh := &e.shards[i]
-		sh.mu.RLock()
-		st.Streams += len(sh.state.Streams)
-		for _, s := range sh.state.Streams {
-			st.Bytes += s.Tail() - s.Data.Base()
-		}
-		sh.mu.RUnlock()
-	}
-	return st
-}
+func (e *Memory) Stats() EngineStats { return Stats("memory", e.parts) }
 
 // Close implements Engine.
-func (e *MemoryEngine) Close() error {
+func (e *Memory) Close() error {
 	e.once.Do(func() { close(e.stop) })
 	return nil
 }
 
-func (e *MemoryEngine) sweeper(every time.Duration) {
+func (e *Memory) sweeper(every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -177,11 +130,45 @@ func (e *MemoryEngine) sweeper(every time.Duration) {
 			return
 		case now := <-t.C:
 			e.lockAll()
-			for i := range e.shards {
-				e.shards[i].state.Sweep(now.UnixMilli())
+			for _, p := range e.parts {
+				p.state.Sweep(now.UnixMilli())
 			}
-			e.recountHot()
+			for _, p := range e.parts {
+				p.RecountHotLocked()
+			}
 			e.unlockAll()
 		}
+	}
+}
+
+// FlushGroups implements Groups: a single node flushes every partition.
+func (e *Memory) FlushGroups() []uint64 {
+	gs := make([]uint64, len(e.parts))
+	for i := range gs {
+		gs[i] = uint64(i)
+	}
+	return gs
+}
+
+// GroupHotBytes implements Groups.
+func (e *Memory) GroupHotBytes(g uint64) int64 {
+	if g >= uint64(len(e.parts)) {
+		return 0
+	}
+	return e.parts[g].HotBytes()
+}
+
+// HotStreams implements Groups.
+func (e *Memory) HotStreams(g uint64) []HotStream {
+	if g >= uint64(len(e.parts)) {
+		return nil
+	}
+	return e.parts[g].HotStreams(time.Now().UnixMilli())
+}
+
+// ColdRefs implements Groups.
+func (e *Memory) ColdRefs(fn func(key string)) {
+	for _, p := range e.parts {
+		p.ColdRefs(fn)
 	}
 }

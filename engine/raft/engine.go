@@ -1,4 +1,4 @@
-// Package raftengine is the replicated engine behind server.Engine: multi-Raft on
+// Package raftengine is the replicated engine behind engine.Engine: multi-Raft on
 // hashicorp/raft. Every stream hashes to one of GroupCount groups; each group is one
 // raft.Raft whose FSM holds the streamcore.State of all its streams and applies the same
 // deterministic streamcore commands as the memory engine (commands carry their timestamp,
@@ -15,13 +15,18 @@
 // hash group until it has applied the create (a brief window on followers only; the
 // leader that acknowledged the create routes correctly at once).
 //
+// Peers. Every group's Raft traffic and the engine's own peer requests share one cluster
+// listener (transport.go, peer.go): a follower hands the leader a read renewal it cannot
+// propose, and the cold collector asks the other voters which objects they still need.
+//
+// The directory is engine/raft but the package is named raftengine: its files use
+// hashicorp/raft throughout, whose package is raft, and callers read raftengine.Open.
+//
 // Not implemented yet (see the README's cluster section): the recovery gate and vote floor
-// that keep a node which may have lost acknowledged entries under fsync=never from voting
-// (checklist-ops H); learners and membership changes (the voter set is static); forwarding
-// of reads from followers to the leader (followers redirect instead; a follower asks the
-// leader to renew a sliding TTL its reads made due, see server.renew); a leadership
-// balancer; the 500 answer of a node without peers (a single voter answers 503
-// during its first election).
+// that keep a node which may have lost acknowledged entries under fsync=never from voting;
+// learners and membership changes (the voter set is static); forwarding of reads from
+// followers to the leader (followers redirect instead); a leadership balancer; the 500
+// answer of a node without peers (a single voter answers 503 during its first election).
 package raftengine
 
 import (
@@ -38,13 +43,12 @@ import (
 	"sort"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 
-	"github.com/ursula-go/ursula/server"
+	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -92,7 +96,7 @@ type Config struct {
 	RaftLog           io.Writer // hashicorp/raft's own log (default stderr, WARN level)
 }
 
-// Engine implements server.Engine on multi-Raft.
+// Engine implements engine.Engine on multi-Raft.
 type Engine struct {
 	cfg    Config
 	self   Peer
@@ -103,15 +107,19 @@ type Engine struct {
 	aliasMu sync.RWMutex
 	alias   map[string]uint64 // key -> group, for streams held outside their hash group
 
+	peers peerChannel // requests to the other voters (peer.go)
+
 	stop chan struct{}
 	wg   sync.WaitGroup
 	once sync.Once
 }
 
 var (
-	_ server.Engine         = (*Engine)(nil)
-	_ server.LeaderVerifier = (*Engine)(nil)
-	_ server.RaftAdmin      = (*Engine)(nil)
+	_ engine.Engine         = (*Engine)(nil)
+	_ engine.LeaderVerifier = (*Engine)(nil)
+	_ engine.RaftAdmin      = (*Engine)(nil)
+	_ engine.Groups         = (*Engine)(nil)
+	_ engine.ColdPeers      = (*Engine)(nil)
 )
 
 // Open starts every group. It returns once the groups run (leaders are elected in the
@@ -182,6 +190,7 @@ func Open(cfg Config) (*Engine, error) {
 	}
 	if cfg.Listener != nil {
 		e.mux = NewMux(cfg.Listener, e.self.RaftAddr)
+		e.mux.HandlePeers(e.servePeer)
 	} else if !single {
 		return nil, errors.New("raftengine: a cluster listener is required with more than one peer")
 	}
@@ -201,7 +210,7 @@ func Open(cfg Config) (*Engine, error) {
 func serverID(id uint64) raft.ServerID { return raft.ServerID(strconv.FormatUint(id, 10)) }
 
 func (e *Engine) openGroup(id uint64) (*group, error) {
-	g := &group{id: id, e: e, state: streamcore.NewState(), watchers: map[string]chan struct{}{}, aliases: map[string]bool{}}
+	g := &group{Partition: engine.NewPartition(streamcore.NewState()), id: id, e: e, aliases: map[string]bool{}}
 	logs, stable, err := e.cfg.Stores(id)
 	if err != nil {
 		return nil, err
@@ -321,9 +330,9 @@ func (e *Engine) route(c *streamcore.Command) *group {
 		return e.groups[id]
 	}
 	h := e.groups[e.home(c.Key)]
-	h.mu.RLock()
-	exists := h.state.Streams[c.Key] != nil
-	h.mu.RUnlock()
+	h.RLock()
+	exists := h.StateLocked().Streams[c.Key] != nil
+	h.RUnlock()
 	if exists {
 		return h // the existing stream answers (409 for a different configuration)
 	}
@@ -334,14 +343,14 @@ func (e *Engine) leaderErr(g *group, proposed bool) error {
 	_, id := g.r.LeaderWithID()
 	if id == "" || id == serverID(e.cfg.NodeID) {
 		if !proposed {
-			return server.ErrNoLeader
+			return engine.ErrNoLeader
 		}
-		return &server.NotLeaderError{Proposed: true}
+		return &engine.NotLeaderError{Proposed: true}
 	}
-	return &server.NotLeaderError{LeaderURL: e.byID[id].URL, Proposed: proposed}
+	return &engine.NotLeaderError{LeaderURL: e.byID[id].URL, Proposed: proposed}
 }
 
-// Propose implements server.Engine.
+// Propose implements engine.Engine.
 func (e *Engine) Propose(ctx context.Context, c *streamcore.Command) (streamcore.Result, error) {
 	g := e.route(c)
 	if g.r.State() != raft.Leader {
@@ -378,56 +387,30 @@ func (g *group) apply(ctx context.Context, data []byte) (streamcore.Result, erro
 	return streamcore.Result{}, errors.New("raftengine: unexpected apply response")
 }
 
-// View implements server.Engine.
+// View implements engine.Engine.
 func (e *Engine) View(key string, now int64, fn func(*streamcore.State, *streamcore.Stream)) {
-	g := e.groupOf(key)
-	g.mu.RLock()
-	defer g.mu.RUnlock()
-	fn(g.state, g.state.Live(key, now))
+	e.groupOf(key).View(key, now, fn)
 }
 
-// Watch implements server.Engine. Watchers wake when their group applies a change of key,
+// Watch implements engine.Engine. Watchers wake when their group applies a change of key,
 // on every node (followers too), so long-poll and SSE work anywhere.
-func (e *Engine) Watch(key string) <-chan struct{} {
-	g := e.groupOf(key)
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	ch := g.watchers[key]
-	if ch == nil {
-		ch = make(chan struct{})
-		g.watchers[key] = ch
+func (e *Engine) Watch(key string) <-chan struct{} { return e.groupOf(key).Watch(key) }
+
+// BucketKnown implements engine.Engine.
+func (e *Engine) BucketKnown(bucket string) bool { return engine.BucketKnownIn(e.partitions(), bucket) }
+
+// Stats implements engine.Engine.
+func (e *Engine) Stats() engine.EngineStats { return engine.Stats("raft", e.partitions()) }
+
+func (e *Engine) partitions() []*engine.Partition {
+	out := make([]*engine.Partition, len(e.groups))
+	for i, g := range e.groups {
+		out[i] = g.Partition
 	}
-	return ch
+	return out
 }
 
-// BucketKnown implements server.Engine.
-func (e *Engine) BucketKnown(bucket string) bool {
-	for _, g := range e.groups {
-		g.mu.RLock()
-		ok := g.state.Buckets[bucket]
-		g.mu.RUnlock()
-		if ok {
-			return true
-		}
-	}
-	return false
-}
-
-// Stats implements server.Engine.
-func (e *Engine) Stats() server.EngineStats {
-	st := server.EngineStats{Engine: "raft"}
-	for _, g := range e.groups {
-		g.mu.RLock()
-		st.Streams += len(g.state.Streams)
-		for _, s := range g.state.Streams {
-			st.Bytes += s.Tail() - s.Data.Base()
-		}
-		g.mu.RUnlock()
-	}
-	return st
-}
-
-// VerifyLeader implements server.LeaderVerifier: a ReadIndex. A leader first commits and
+// VerifyLeader implements engine.LeaderVerifier: a ReadIndex. A leader first commits and
 // applies a barrier of its own term (once per term), so its FSM holds every entry earlier
 // leaders committed; then it confirms it still leads (a heartbeat round to a quorum). Its
 // FSM then holds every acknowledged write: a write is acknowledged only after this FSM
@@ -436,7 +419,7 @@ func (e *Engine) VerifyLeader(ctx context.Context, key string) error {
 	return e.groupOf(key).readIndex(ctx)
 }
 
-// LeaderHint implements server.LeaderVerifier.
+// LeaderHint implements engine.LeaderVerifier.
 func (e *Engine) LeaderHint(key string) error {
 	g := e.groupOf(key)
 	if g.r.State() == raft.Leader {
@@ -469,7 +452,7 @@ func (g *group) readIndex(ctx context.Context) error {
 // maxApplyLag is how many committed entries a ready follower may trail by.
 const maxApplyLag = 1024
 
-// Ready implements server.RaftAdmin: every group knows a leader and has applied what it
+// Ready implements engine.RaftAdmin: every group knows a leader and has applied what it
 // knows to be committed (a leader after its term's barrier).
 func (e *Engine) Ready() (bool, string) {
 	for _, g := range e.groups {
@@ -534,16 +517,14 @@ type Status struct {
 	Groups     []GroupStatus `json:"groups"`
 }
 
-// RaftStatus implements server.RaftAdmin.
+// RaftStatus implements engine.RaftAdmin.
 func (e *Engine) RaftStatus() any {
 	st := Status{NodeID: e.cfg.NodeID, GroupCount: len(e.groups)}
 	for _, g := range e.groups {
 		_, id := g.r.LeaderWithID()
 		gs := GroupStatus{Group: g.id, State: g.r.State().String(), LeaderID: string(id), LeaderURL: e.byID[id].URL,
 			Term: g.r.CurrentTerm(), LastIndex: g.r.LastIndex(), CommitIndex: g.r.CommitIndex(), AppliedIndex: g.r.AppliedIndex()}
-		g.mu.RLock()
-		gs.Streams = len(g.state.Streams)
-		g.mu.RUnlock()
+		gs.Streams, _ = g.Count()
 		if g.r.State() == raft.Leader {
 			st.Leading++
 		}
@@ -558,7 +539,7 @@ var (
 	ErrUnknownNode  = errors.New("no such voter")
 )
 
-// TransferLeadership implements server.RaftAdmin.
+// TransferLeadership implements engine.RaftAdmin.
 func (e *Engine) TransferLeadership(group, to uint64) error {
 	if group >= uint64(len(e.groups)) {
 		return ErrUnknownGroup
@@ -580,7 +561,7 @@ func (e *Engine) TransferLeadership(group, to uint64) error {
 	return g.r.LeadershipTransferToServer(serverID(to), raft.ServerAddress(p.RaftAddr)).Error()
 }
 
-// Drain implements server.RaftAdmin: every group this node leads hands leadership to
+// Drain implements engine.RaftAdmin: every group this node leads hands leadership to
 // another voter (at most 4 transfers at a time). It repeats for a few seconds while
 // leaderships keep arriving (an election or a transfer to this node that was in flight),
 // and returns once a pass finds nothing to hand off.
@@ -634,10 +615,10 @@ func (e *Engine) LeaderOf(group uint64) uint64 {
 // GroupCount is the number of groups.
 func (e *Engine) GroupCount() int { return len(e.groups) }
 
-// GroupOf reports the group holding key.
+// GroupOf implements engine.Groups: the group holding key.
 func (e *Engine) GroupOf(key string) uint64 { return e.groupOf(key).id }
 
-// Close implements server.Engine: shuts every group down.
+// Close implements engine.Engine: shuts every group down.
 func (e *Engine) Close() error {
 	var err error
 	e.once.Do(func() {
@@ -686,9 +667,9 @@ func (e *Engine) sweeper() {
 }
 
 func (g *group) hasExpired(now int64) bool {
-	g.mu.RLock()
-	defer g.mu.RUnlock()
-	for _, s := range g.state.Streams {
+	g.RLock()
+	defer g.RUnlock()
+	for _, s := range g.StateLocked().Streams {
 		if s.Expired(now) && s.ForkRefs <= 0 {
 			return true
 		}
@@ -722,4 +703,3 @@ func sortedKeys(m map[string]bool) []string {
 	return out
 }
 
-var _ = atomic.Int64{}

@@ -5,11 +5,11 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
-	"sync"
 	"sync/atomic"
 
 	"github.com/hashicorp/raft"
 
+	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -24,24 +24,22 @@ func appendSweep(b []byte, now int64) []byte {
 	return binary.AppendVarint(b, now)
 }
 
-// group is one Raft group and its FSM: the state of all its streams, the live watchers
-// of its keys and the aliases (keys it holds that hash elsewhere: forks).
+// group is one Raft group and its FSM: a partition (the state of all its streams, the
+// live watchers of its keys, their hot bytes) and the aliases (keys it holds that hash
+// elsewhere: forks), guarded by the partition's lock.
 type group struct {
+	*engine.Partition
 	id    uint64
 	e     *Engine
 	r     *raft.Raft
 	trans raft.Transport
 
-	mu       sync.RWMutex
-	state    *streamcore.State
-	watchers map[string]chan struct{}
-	aliases  map[string]bool
+	aliases map[string]bool
 
 	applied        atomic.Uint64 // last log index the FSM applied
 	barrierTerm    atomic.Uint64 // term whose barrier this leader has applied
 	barrierRunning atomic.Bool
-	caughtUp       atomic.Bool  // a follower applied all it knew committed once (readiness)
-	hot            atomic.Int64 // hot (unflushed) bytes of the group's streams (cold.go)
+	caughtUp       atomic.Bool // a follower applied all it knew committed once (readiness)
 }
 
 // Apply implements raft.FSM.
@@ -65,27 +63,25 @@ func (g *group) Apply(l *raft.Log) any {
 		if n <= 0 {
 			return nil
 		}
-		g.mu.Lock()
-		before := len(g.state.Streams)
-		g.state.Sweep(now)
-		changed := len(g.state.Streams) != before
-		g.recountHot()
+		g.Lock()
+		st := g.StateLocked()
+		before := len(st.Streams)
+		st.Sweep(now)
+		changed := len(st.Streams) != before
+		g.RecountHotLocked()
 		wakes := g.afterStructural(changed)
-		g.mu.Unlock()
-		wakeAll(wakes)
+		g.Unlock()
+		engine.Wake(wakes...)
 	}
 	return nil
 }
 
 func (g *group) applyCommand(c *streamcore.Command) streamcore.Result {
-	g.mu.Lock()
-	forks := g.state.InvolvesForks(c)
-	before := g.hotOf(c.Key)
-	res := g.state.Apply(c)
+	g.Lock()
+	forks := g.StateLocked().InvolvesForks(c)
+	res := g.ApplyLocked(c)
 	if forks {
-		g.recountHot() // a cascade may have touched other streams
-	} else {
-		g.hot.Add(g.hotOf(c.Key) - before)
+		g.RecountHotLocked() // a cascade may have touched other streams
 	}
 	var wakes []chan struct{}
 	switch {
@@ -95,19 +91,16 @@ func (g *group) applyCommand(c *streamcore.Command) streamcore.Result {
 		wakes = g.afterStructural(res.Changed)
 	case res.Changed:
 		g.aliasKey(c.Key)
-		if ch := g.watchers[c.Key]; ch != nil {
-			delete(g.watchers, c.Key)
-			wakes = []chan struct{}{ch}
-		}
+		wakes = []chan struct{}{g.TakeWatcherLocked(c.Key)}
 	}
-	g.mu.Unlock()
-	wakeAll(wakes)
+	g.Unlock()
+	engine.Wake(wakes...)
 	return res
 }
 
-// aliasKey updates the alias of one key after a command on it. Called with g.mu held.
+// aliasKey updates the alias of one key after a command on it. Called with g locked.
 func (g *group) aliasKey(k string) {
-	held := g.state.Streams[k] != nil
+	held := g.StateLocked().Streams[k] != nil
 	switch {
 	case held && !g.aliases[k] && g.e.home(k) != g.id:
 		g.aliases[k] = true
@@ -119,16 +112,17 @@ func (g *group) aliasKey(k string) {
 }
 
 // afterStructural recomputes the group's aliases and, when changed, takes every watcher.
-// Called with g.mu held.
+// Called with g locked.
 func (g *group) afterStructural(changed bool) []chan struct{} {
 	var add, remove []string
+	streams := g.StateLocked().Streams
 	for k := range g.aliases {
-		if g.state.Streams[k] == nil {
+		if streams[k] == nil {
 			delete(g.aliases, k)
 			remove = append(remove, k)
 		}
 	}
-	for k := range g.state.Streams {
+	for k := range streams {
 		if !g.aliases[k] && g.e.home(k) != g.id {
 			g.aliases[k] = true
 			add = append(add, k)
@@ -138,27 +132,16 @@ func (g *group) afterStructural(changed bool) []chan struct{} {
 	if !changed {
 		return nil
 	}
-	wakes := make([]chan struct{}, 0, len(g.watchers))
-	for k, ch := range g.watchers {
-		wakes = append(wakes, ch)
-		delete(g.watchers, k)
-	}
-	return wakes
-}
-
-func wakeAll(chs []chan struct{}) {
-	for _, ch := range chs {
-		close(ch)
-	}
+	return g.TakeWatchersLocked()
 }
 
 // Snapshot implements raft.FSM. Under the read lock it only captures the state's
 // metadata (streamcore.CaptureState shares the append-only stream bytes); Persist encodes
 // and writes it while commands keep applying.
 func (g *group) Snapshot() (raft.FSMSnapshot, error) {
-	g.mu.RLock()
-	st := streamcore.CaptureState(g.state)
-	g.mu.RUnlock()
+	g.RLock()
+	st := streamcore.CaptureState(g.StateLocked())
+	g.RUnlock()
 	return &fsmSnapshot{st: st}, nil
 }
 
@@ -173,12 +156,11 @@ func (g *group) Restore(rc io.ReadCloser) error {
 	if err != nil {
 		return fmt.Errorf("raftengine: group %d snapshot: %w", g.id, err)
 	}
-	g.mu.Lock()
-	g.state = st
-	g.recountHot()
+	g.Lock()
+	g.ReplaceStateLocked(st)
 	wakes := g.afterStructural(true)
-	g.mu.Unlock()
-	wakeAll(wakes)
+	g.Unlock()
+	engine.Wake(wakes...)
 	return nil
 }
 

@@ -14,12 +14,15 @@ import (
 // Mux carries the Raft traffic of every group over one cluster listener. Each connection
 // starts with an 8-byte preamble: the magic "URG1" then the group id (uint32 big endian).
 // The mux hands the rest of the connection to that group's raft.NetworkTransport, so every
-// group keeps hashicorp/raft's own wire protocol, pipelining and connection pool.
+// group keeps hashicorp/raft's own wire protocol, pipelining and connection pool. A
+// connection whose preamble is "URP1" and four zero bytes carries one request of the
+// engine's peer channel (peer.go) instead.
 type Mux struct {
 	ln     net.Listener
 	adv    net.Addr
 	mu     sync.Mutex
 	groups map[uint32]*streamLayer
+	peers  func(net.Conn) // handler of peer-channel connections
 	done   chan struct{}
 	once   sync.Once
 }
@@ -72,11 +75,26 @@ func (m *Mux) accept() {
 func (m *Mux) route(c net.Conn) {
 	var pre [8]byte
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.ReadFull(c, pre[:]); err != nil || [4]byte(pre[:4]) != muxMagic {
+	if _, err := io.ReadFull(c, pre[:]); err != nil {
 		c.Close()
 		return
 	}
 	c.SetReadDeadline(time.Time{})
+	if [4]byte(pre[:4]) == peerMagic {
+		m.mu.Lock()
+		serve := m.peers
+		m.mu.Unlock()
+		if serve == nil {
+			c.Close()
+			return
+		}
+		serve(c)
+		return
+	}
+	if [4]byte(pre[:4]) != muxMagic {
+		c.Close()
+		return
+	}
 	g := binary.BigEndian.Uint32(pre[4:])
 	m.mu.Lock()
 	sl := m.groups[g]
@@ -92,6 +110,13 @@ func (m *Mux) route(c net.Conn) {
 	case <-m.done:
 		c.Close()
 	}
+}
+
+// HandlePeers sets the handler of peer-channel connections (after their preamble).
+func (m *Mux) HandlePeers(serve func(net.Conn)) {
+	m.mu.Lock()
+	m.peers = serve
+	m.mu.Unlock()
 }
 
 // Layer returns the raft.StreamLayer of group.

@@ -1,11 +1,9 @@
-package server
+package coldtier
 
 import (
-	"bytes"
 	"container/list"
 	"context"
 	"fmt"
-	"io"
 	"runtime"
 	"sync"
 
@@ -13,72 +11,51 @@ import (
 	"github.com/ursula-go/ursula/streamcore"
 )
 
-// coldPlan is the cold part of a read: the bytes [from, to) lie in chunks (taken under
-// the engine's View, pinned until fetched).
-type coldPlan struct {
-	key    string
+// ReadPlan is the cold part of a read: the bytes [from, to) lie in chunks, taken under
+// the engine's View and pinned until Fetch or Release.
+type ReadPlan struct {
 	from   uint64
 	to     uint64
 	chunks []streamcore.ColdChunk
 }
 
-// planCold fills v for a read of [v.start, v.end) that begins below the hot buffer: the
-// cold plan plus the hot slices above it. It runs inside View and reports whether it took
-// over (false: the whole window is hot).
-func (s *Server) planCold(v *view, key string, str *streamcore.Stream) bool {
-	c := s.cold
+// Plan is called inside the engine's View by a read of [start, end) of str. When the read
+// begins below the hot buffer it returns the plan of the cold bytes [start, min(end,
+// hot start)); the rest of the window is hot. nil: the whole window is hot (or no tier).
+func (c *Tier) Plan(str *streamcore.Stream, start, end uint64) *ReadPlan {
 	base := str.Data.Base()
-	if c == nil || v.start >= base || v.end <= v.start {
-		return false
+	if c == nil || start >= base || end <= start {
+		return nil
 	}
-	to := min(v.end, base)
-	p := &coldPlan{key: key, from: v.start, to: to, chunks: append([]streamcore.ColdChunk(nil), str.ColdChunksFor(v.start, to)...)}
+	to := min(end, base)
+	p := &ReadPlan{from: start, to: to, chunks: append([]streamcore.ColdChunk(nil), str.ColdChunksFor(start, to)...)}
 	for _, ch := range p.chunks {
-		c.pin(ch.Key)
+		c.Pin(ch.Key)
 	}
-	v.cold = p
-	v.data = nil
-	if v.end > base {
-		v.data = str.Data.Slices(base, v.end)
-		v.pin = str.Data.Pin()
-	}
-	return true
+	return p
 }
 
-// fetchCold reads the planned cold bytes (outside any lock) and puts them in front of
-// v.data. A compat JSON read is then cut back to whole messages.
-func (s *Server) fetchCold(v *view) *streamcore.Error {
-	p := v.cold
-	c := s.cold
-	defer c.unpinPlan(p)
+// Fetch reads the planned cold bytes (outside any lock) and releases the plan.
+func (c *Tier) Fetch(p *ReadPlan) ([]byte, *streamcore.Error) {
+	defer c.Release(p)
 	ctx, cancel := coldCtx()
 	defer cancel()
 	cold, err := c.readChunks(ctx, p.chunks, p.from, p.to)
 	if err != nil {
-		return coldStoreFailed(err)
+		return nil, coldStoreFailed(err)
 	}
-	v.data = append([][]byte{cold}, v.data...)
-	if v.jsonArray && v.end < v.tail {
-		flat := flatten(v.data)
-		if i := bytes.LastIndexByte(flat, '\n'); i >= 0 {
-			v.data, v.end = [][]byte{flat[:i+1]}, v.start+uint64(i+1)
-		} else {
-			// One message longer than the window: read on to its end.
-			more, e := s.readTiered(p.key, v.inc, v.end, min(v.tail, v.start+streamcore.MaxRequestBytes))
-			if e != nil {
-				return e
-			}
-			if i := bytes.IndexByte(more, '\n'); i >= 0 {
-				more = more[:i+1]
-			}
-			v.data, v.end = [][]byte{flat, more}, v.end+uint64(len(more))
-		}
+	return cold, nil
+}
+
+// Release unpins a plan that will not be fetched.
+func (c *Tier) Release(p *ReadPlan) {
+	for _, ch := range p.chunks {
+		c.Unpin(ch.Key)
 	}
-	return nil
 }
 
 // readChunks returns the stream bytes [from, to) held by chunks.
-func (c *coldTier) readChunks(ctx context.Context, chunks []streamcore.ColdChunk, from, to uint64) ([]byte, error) {
+func (c *Tier) readChunks(ctx context.Context, chunks []streamcore.ColdChunk, from, to uint64) ([]byte, error) {
 	out := make([]byte, 0, to-from)
 	pos := from
 	for _, ch := range chunks {
@@ -103,37 +80,35 @@ func (c *coldTier) readChunks(ctx context.Context, chunks []streamcore.ColdChunk
 	return out, nil
 }
 
-// readTiered reads the bytes [from, to) of incarnation inc of the stream at key from
+// ReadRange reads the bytes [from, to) of incarnation inc of the stream at key from
 // whichever tiers hold them.
-func (s *Server) readTiered(key string, inc, from, to uint64) ([]byte, *streamcore.Error) {
+func (c *Tier) ReadRange(key string, inc, from, to uint64) ([]byte, *streamcore.Error) {
 	var hot [][]byte
 	var pin any
-	var p *coldPlan
+	var p *ReadPlan
 	var e *streamcore.Error
-	s.engine.View(key, s.now(), func(st *streamcore.State, str *streamcore.Stream) {
+	c.eng.View(key, clockMs(), func(st *streamcore.State, str *streamcore.Stream) {
 		if str == nil || str.Incarnation != inc || from < str.Retained || to > str.Tail() {
 			e = streamcore.Errorf(409, streamcore.CodeStreamGone, "stream changed during the read")
 			return
 		}
-		v := &view{start: from, end: to}
-		if !s.planCold(v, key, str) {
-			hot, pin = str.Data.Slices(from, to), str.Data.Pin()
-			return
+		p = c.Plan(str, from, to)
+		lo := from
+		if p != nil {
+			lo = p.to
 		}
-		hot, pin, p = v.data, v.pin, v.cold
+		if lo < to {
+			hot, pin = str.Data.Slices(lo, to), str.Data.Pin()
+		}
 	})
 	if e != nil {
 		return nil, e
 	}
 	out := make([]byte, 0, to-from)
 	if p != nil {
-		c := s.cold
-		ctx, cancel := coldCtx()
-		cold, err := c.readChunks(ctx, p.chunks, p.from, p.to)
-		cancel()
-		c.unpinPlan(p)
-		if err != nil {
-			return nil, coldStoreFailed(err)
+		cold, e := c.Fetch(p)
+		if e != nil {
+			return nil, e
 		}
 		out = append(out, cold...)
 	}
@@ -144,16 +119,16 @@ func (s *Server) readTiered(key string, inc, from, to uint64) ([]byte, *streamco
 	return out, nil
 }
 
-// coldBoundary reports whether off, below the hot buffer of a JSON stream, is a message
+// Boundary reports whether off, below the hot buffer of a JSON stream, is a message
 // boundary, by reading the byte before it from the cold tier. The answer goes into the
-// command (BoundaryChecked), since apply cannot read the store.
-func (s *Server) coldBoundary(key string, off uint64) bool {
-	if s.cold == nil || off == 0 {
+// command (BoundaryChecked), since apply cannot read the store. Without a tier: false.
+func (c *Tier) Boundary(key string, off uint64) bool {
+	if c == nil || off == 0 {
 		return false
 	}
 	var inc uint64
 	need := false
-	s.engine.View(key, s.now(), func(_ *streamcore.State, str *streamcore.Stream) {
+	c.eng.View(key, clockMs(), func(_ *streamcore.State, str *streamcore.Stream) {
 		if str != nil && str.IsJSON() && off > str.Retained && off <= str.Data.Base() && off <= str.Tail() {
 			inc, need = str.Incarnation, true
 		}
@@ -161,9 +136,12 @@ func (s *Server) coldBoundary(key string, off uint64) bool {
 	if !need {
 		return false
 	}
-	b, e := s.readTiered(key, inc, off-1, off)
+	b, e := c.ReadRange(key, inc, off-1, off)
 	return e == nil && len(b) == 1 && b[0] == '\n'
 }
+
+// DropCache forgets every cached block (tests that take the store away).
+func (c *Tier) DropCache() { c.cache.clear() }
 
 // coldBlock is the granule of the cold read cache.
 const coldBlock = 1 << 20
@@ -193,6 +171,14 @@ type coldCache struct {
 
 func newColdCache(capacity int64) *coldCache {
 	return &coldCache{cap: capacity, ll: list.New(), m: map[blockID]*list.Element{}}
+}
+
+func (cc *coldCache) clear() {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	cc.ll.Init()
+	clear(cc.m)
+	cc.used = 0
 }
 
 func (cc *coldCache) size() int64 {
@@ -234,7 +220,7 @@ func (cc *coldCache) put(id blockID, data []byte) {
 
 // readObject appends the bytes [off, off+n) of an object of size objSize to dst, through
 // the cache: missing blocks are fetched with one range GET per contiguous run.
-func (c *coldTier) readObject(ctx context.Context, dst []byte, key string, objSize, off, n int64) ([]byte, error) {
+func (c *Tier) readObject(ctx context.Context, dst []byte, key string, objSize, off, n int64) ([]byte, error) {
 	if n <= 0 {
 		return dst, nil
 	}
@@ -276,13 +262,3 @@ func (c *coldTier) readObject(ctx context.Context, dst []byte, key string, objSi
 	return dst, nil
 }
 
-// openSnapshotBody opens the bytes [off, off+n) of a cold snapshot body (n < 0: to the end).
-func (c *coldTier) openSnapshotBody(ctx context.Context, sn *streamcore.Snapshot, off, n int64) (io.ReadCloser, error) {
-	return c.store.GetRange(ctx, sn.ColdKey, off, n)
-}
-
-func (c *coldTier) unpinPlan(p *coldPlan) {
-	for _, ch := range p.chunks {
-		c.unpin(ch.Key)
-	}
-}

@@ -1,4 +1,4 @@
-package server
+package coldtier
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -17,12 +18,12 @@ import (
 // stays over the threshold), at most flush_max_concurrency uploads at once. Each uploaded
 // piece is then recorded with OpRecordChunk, in offset order per stream. Uploads read
 // immutable slices of the hot buffer, so appends never wait for them. A failed upload
-// backs the flusher off, doubling from flush_interval up to ColdOptions.BackoffMax.
+// backs the flusher off, doubling from flush_interval up to Options.BackoffMax.
 //
 // Not done yet (marked for later): packing the small tails of many streams into one
 // object, flush_max_hot_age, compaction.
 
-func (s *Server) flushLoop(c *coldTier) {
+func (c *Tier) flushLoop() {
 	interval := c.cfg.FlushInterval.D()
 	backoff := time.Duration(0)
 	t := time.NewTimer(interval)
@@ -33,7 +34,7 @@ func (s *Server) flushLoop(c *coldTier) {
 			return
 		case <-t.C:
 		}
-		err := s.flushOnce(c, false, "")
+		err := c.flushOnce(false, "")
 		next := interval
 		if err != nil {
 			if backoff == 0 {
@@ -42,7 +43,7 @@ func (s *Server) flushLoop(c *coldTier) {
 				backoff = min(2*backoff, c.opts.BackoffMax)
 			}
 			next = backoff
-			s.cfg.Logger.Warn("cold flush failed; backing off", "err", err, "retry_in", backoff)
+			c.opts.Logger.Warn("cold flush failed; backing off", "err", err, "retry_in", backoff)
 		} else {
 			backoff = 0
 		}
@@ -52,31 +53,26 @@ func (s *Server) flushLoop(c *coldTier) {
 
 // flushPiece is one planned chunk.
 type flushPiece struct {
-	hs         HotStream
+	hs         engine.HotStream
 	start, end uint64
 	key        string
 	err        error
 }
 
-// FlushCold runs one flush pass now. With all set, every hot byte of every group is
-// flushed regardless of thresholds (tests, and the admin flush). It returns the first
-// upload or record error.
-func (s *Server) FlushCold(all bool) error {
-	if s.cold == nil {
-		return errors.New("no cold store configured")
-	}
-	return s.flushOnce(s.cold, all, "")
-}
+// Flush runs one flush pass now. With all set, every hot byte of every group is flushed
+// regardless of thresholds (tests, and the admin flush). It returns the first upload or
+// record error.
+func (c *Tier) Flush(all bool) error { return c.flushOnce(all, "") }
 
 // flushOnce runs one pass; only != "" flushes every hot byte of that one stream.
-func (s *Server) flushOnce(c *coldTier, all bool, only string) error {
+func (c *Tier) flushOnce(all bool, only string) error {
 	c.flush.Lock()
 	defer c.flush.Unlock()
 	size := uint64(c.cfg.FlushSize)
 	var plan [][]*flushPiece // per stream, in offset order
-	groups := c.eng.ColdGroups()
+	groups := c.eng.FlushGroups()
 	if only != "" {
-		groups, all = []int{c.eng.GroupOf(only)}, true
+		groups, all = []uint64{c.eng.GroupOf(only)}, true
 	}
 	maxAge := c.cfg.MaxHotAge()
 	now := time.Now()
@@ -94,7 +90,7 @@ func (s *Server) flushOnce(c *coldTier, all bool, only string) error {
 		}
 		streams := c.eng.HotStreams(g)
 		if only != "" {
-			var one []HotStream
+			var one []engine.HotStream
 			for _, hs := range streams {
 				if hs.Key == only {
 					one = append(one, hs)
@@ -103,7 +99,7 @@ func (s *Server) flushOnce(c *coldTier, all bool, only string) error {
 			streams = one
 		}
 		left := hot
-		var rest []HotStream
+		var rest []engine.HotStream
 		for _, hs := range streams {
 			var ps []*flushPiece
 			from := hs.HotStart
@@ -113,7 +109,7 @@ func (s *Server) flushOnce(c *coldTier, all bool, only string) error {
 				left -= int64(size)
 			}
 			if from < hs.Tail {
-				rest = append(rest, HotStream{Key: hs.Key, Incarnation: hs.Incarnation, HotStart: from, Tail: hs.Tail})
+				rest = append(rest, engine.HotStream{Key: hs.Key, Incarnation: hs.Incarnation, HotStart: from, Tail: hs.Tail})
 			}
 			if len(ps) > 0 {
 				plan = append(plan, ps)
@@ -153,12 +149,12 @@ func (s *Server) flushOnce(c *coldTier, all bool, only string) error {
 	for _, ps := range plan {
 		for _, p := range ps {
 			p.key = c.chunkKey(p.hs.Key, p.hs.Incarnation, p.start, p.end)
-			c.pin(p.key) // unreferenced until recorded: keep the collector away
+			c.Pin(p.key) // unreferenced until recorded: keep the collector away
 			wg.Add(1)
 			sem <- struct{}{}
 			go func(p *flushPiece) {
 				defer func() { <-sem; wg.Done() }()
-				p.err = s.uploadPiece(c, p)
+				p.err = c.uploadPiece(p)
 			}(p)
 		}
 	}
@@ -169,7 +165,7 @@ func (s *Server) flushOnce(c *coldTier, all bool, only string) error {
 		failed := false
 		for _, p := range ps {
 			if !failed && p.err == nil {
-				p.err = s.recordPiece(c, p)
+				p.err = c.recordPiece(p)
 			}
 			if p.err != nil {
 				failed = true
@@ -177,7 +173,7 @@ func (s *Server) flushOnce(c *coldTier, all bool, only string) error {
 					firstErr = p.err
 				}
 			}
-			c.unpin(p.key)
+			c.Unpin(p.key)
 		}
 	}
 	return firstErr
@@ -187,11 +183,11 @@ func (s *Server) flushOnce(c *coldTier, all bool, only string) error {
 // the piece); the uploaded object is left to the collector.
 var errStreamMoved = errors.New("stream changed during the flush")
 
-func (s *Server) uploadPiece(c *coldTier, p *flushPiece) error {
+func (c *Tier) uploadPiece(p *flushPiece) error {
 	var data [][]byte
 	var pin any
 	ok := false
-	s.engine.View(p.hs.Key, s.now(), func(_ *streamcore.State, str *streamcore.Stream) {
+	c.eng.View(p.hs.Key, clockMs(), func(_ *streamcore.State, str *streamcore.Stream) {
 		if str == nil || str.Incarnation != p.hs.Incarnation || str.Data.Base() > p.start || str.Tail() < p.end {
 			return
 		}
@@ -211,8 +207,8 @@ func (s *Server) uploadPiece(c *coldTier, p *flushPiece) error {
 	return nil
 }
 
-func (s *Server) recordPiece(c *coldTier, p *flushPiece) error {
-	res, err := s.engine.Propose(context.Background(), &streamcore.Command{Op: streamcore.OpRecordChunk, Key: p.hs.Key, Now: s.now(),
+func (c *Tier) recordPiece(p *flushPiece) error {
+	res, err := c.eng.Propose(context.Background(), &streamcore.Command{Op: streamcore.OpRecordChunk, Key: p.hs.Key, Now: clockMs(),
 		IfIncarnation: p.hs.Incarnation, ChunkKey: p.key, Offset: p.start, ChunkEnd: p.end})
 	if err != nil {
 		return err
@@ -286,7 +282,7 @@ type hotMark struct {
 // agedTails plans whole-tail flushes of the streams of a group below the threshold whose
 // hot start has not moved for maxAge (storage.cold.flush_max_hot_age). The caller holds
 // c.flush.
-func (c *coldTier) agedTails(g int, size uint64, maxAge time.Duration, now time.Time, seen map[string]bool) [][]*flushPiece {
+func (c *Tier) agedTails(g uint64, size uint64, maxAge time.Duration, now time.Time, seen map[string]bool) [][]*flushPiece {
 	if c.hotMarks == nil {
 		c.hotMarks = map[string]hotMark{}
 	}
@@ -309,3 +305,6 @@ func (c *coldTier) agedTails(g int, size uint64, maxAge time.Duration, now time.
 	}
 	return plan
 }
+
+// now is the command clock of the tier's proposals (unix milliseconds).
+func clockMs() int64 { return time.Now().UnixMilli() }
