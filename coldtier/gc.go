@@ -116,4 +116,3 @@ func (c *Tier) collect(unref map[string]time.Time, now time.Time) {
 		}
 	}
 }
-

@@ -39,13 +39,13 @@ const (
 	DefaultMaxStagedParts   = 8192    // Ursula-Max-Staged-Parts
 	DefaultMaxStagedBytes   = 2 << 30 // Ursula-Max-Staged-Bytes
 
-	partsDirName      = "__parts/"
-	commitsPerNode    = 2           // commits copying at once on one node
-	partsRelistAge    = time.Minute // a refused part relists when the last listing is older
-	oldPartsMargin    = time.Minute // parts of earlier incarnations younger than this stay
-	assemblePiece     = 8 << 20 // bytes per ranged read while assembling
-	assembleAhead     = 4       // ranged reads in flight while assembling
-	commitTimeout     = 30 * time.Minute
+	partsDirName   = "__parts/"
+	commitsPerNode = 2           // commits copying at once on one node
+	partsRelistAge = time.Minute // a refused part relists when the last listing is older
+	oldPartsMargin = time.Minute // parts of earlier incarnations younger than this stay
+	assemblePiece  = 8 << 20     // bytes per ranged read while assembling
+	assembleAhead  = 4           // ranged reads in flight while assembling
+	commitTimeout  = 30 * time.Minute
 )
 
 // partsLedger is the node's bookkeeping of staged parts and running commits.

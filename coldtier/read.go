@@ -261,4 +261,3 @@ func (c *Tier) readObject(ctx context.Context, dst []byte, key string, objSize, 
 	}
 	return dst, nil
 }
-

@@ -70,11 +70,17 @@ func (ct *Tier) UnstageSnapshot(k string, res streamcore.Result, e *streamcore.E
 // pins sn.ColdKey while it reads.
 func (ct *Tier) OpenSnapshot(ctx context.Context, sn *streamcore.Snapshot, off, n int64) (io.ReadCloser, *streamcore.Error) {
 	if ct == nil {
-		return nil, streamcore.Errorf(http.StatusBadGateway, CodeColdStoreFailed, "the snapshot body is in a cold store this server has not configured")
+		return nil, Unconfigured()
 	}
 	rc, err := ct.store.GetRange(ctx, sn.ColdKey, off, n)
 	if err != nil {
 		return nil, coldStoreFailed(err)
 	}
 	return rc, nil
+}
+
+// Unconfigured is the answer to a read of a snapshot body that lies in a cold store on a
+// server without one.
+func Unconfigured() *streamcore.Error {
+	return streamcore.Errorf(http.StatusBadGateway, CodeColdStoreFailed, "the snapshot body is in a cold store this server has not configured")
 }

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ursula-go/ursula/server"
 	coldstore "github.com/ursula-go/ursula/coldtier/store"
+	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/streamcore"
 )
 

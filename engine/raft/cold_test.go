@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ursula-go/ursula/server"
 	coldstore "github.com/ursula-go/ursula/coldtier/store"
+	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -22,7 +22,6 @@ type coldNode struct {
 	e   *Engine
 	srv *server.Server
 	ts  *httptest.Server
-	cv  server.ColdEngine
 }
 
 // coldCluster starts n in-process voters over real HTTP, sharing one fs cold store.
@@ -57,7 +56,7 @@ func coldCluster(t *testing.T, n int, store coldstore.Store, cfg coldstore.Confi
 		ts.Listener.Close()
 		ts.Listener = https[i]
 		ts.Start()
-		nd := &coldNode{e: e, srv: srv, ts: ts, cv: e.ColdEngine()}
+		nd := &coldNode{e: e, srv: srv, ts: ts}
 		t.Cleanup(func() { ts.Close(); srv.StopCold(); e.Close() })
 		nodes = append(nodes, nd)
 	}
@@ -73,12 +72,12 @@ func do(t *testing.T, method, url string, body []byte) (*http.Response, []byte) 
 }
 
 // hotRecount is what the O(1) counter must equal: the hot bytes of every stream of g.
-func hotRecount(e *Engine, g int) int64 {
+func hotRecount(e *Engine, g uint64) int64 {
 	gr := e.groups[g]
-	gr.mu.RLock()
-	defer gr.mu.RUnlock()
+	gr.RLock()
+	defer gr.RUnlock()
 	var n int64
-	for _, s := range gr.state.Streams {
+	for _, s := range gr.StateLocked().Streams {
 		n += int64(s.Tail() - s.Data.Base())
 	}
 	return n
@@ -110,8 +109,8 @@ func TestColdThreeVoters(t *testing.T) {
 		GCInterval: coldstore.Duration(50 * time.Millisecond), GCGrace: coldstore.Duration(200 * time.Millisecond)}
 	nodes := coldCluster(t, 3, store, cfg)
 	key := "coldb/s"
-	g := int(nodes[0].e.GroupOf(key))
-	lid := nodes[0].e.LeaderOf(uint64(g))
+	g := nodes[0].e.GroupOf(key)
+	lid := nodes[0].e.LeaderOf(g)
 	L, F := nodes[lid-1], nodes[lid%3]
 	data := bytes.Repeat([]byte("0123456789abcdef"), 20<<10) // 320 KiB
 	if res, b := do(t, http.MethodPut, L.ts.URL+"/"+key, data[:100<<10]); res.StatusCode != http.StatusCreated {
@@ -123,15 +122,15 @@ func TestColdThreeVoters(t *testing.T) {
 		}
 	}
 	for _, nd := range nodes {
-		eventually(t, "replicas apply the appends", func() bool { return nd.cv.GroupHotBytes(g) == int64(len(data)) })
+		eventually(t, "replicas apply the appends", func() bool { return nd.e.GroupHotBytes(g) == int64(len(data)) })
 		if r := hotRecount(nd.e, g); r != int64(len(data)) {
-			t.Fatalf("hot counter %d, recount %d", nd.cv.GroupHotBytes(g), r)
+			t.Fatalf("hot counter %d, recount %d", nd.e.GroupHotBytes(g), r)
 		}
 	}
-	if gs := fmt.Sprint(L.cv.ColdGroups()); !strings.Contains(" "+strings.Trim(gs, "[]")+" ", fmt.Sprintf(" %d ", g)) {
+	if gs := fmt.Sprint(L.e.FlushGroups()); !strings.Contains(" "+strings.Trim(gs, "[]")+" ", fmt.Sprintf(" %d ", g)) {
 		t.Fatalf("leader's cold groups %s lack %d", gs, g)
 	}
-	for _, cg := range F.cv.ColdGroups() {
+	for _, cg := range F.e.FlushGroups() {
 		if cg == g {
 			t.Fatal("a follower lists a group it does not lead")
 		}
@@ -143,7 +142,7 @@ func TestColdThreeVoters(t *testing.T) {
 	}
 	other := ""
 	for i := 0; other == ""; i++ {
-		if k := fmt.Sprintf("coldb/o%d", i); int(F.e.GroupOf(k)) == g {
+		if k := fmt.Sprintf("coldb/o%d", i); F.e.GroupOf(k) == g {
 			other = k
 		}
 	}
@@ -160,7 +159,7 @@ func TestColdThreeVoters(t *testing.T) {
 		t.Fatalf("flush on the leader: %d %s", res.StatusCode, b)
 	}
 	for _, nd := range nodes {
-		eventually(t, "every replica trims its hot buffer", func() bool { return nd.cv.GroupHotBytes(g) == 0 && hotRecount(nd.e, g) == 0 })
+		eventually(t, "every replica trims its hot buffer", func() bool { return nd.e.GroupHotBytes(g) == 0 && hotRecount(nd.e, g) == 0 })
 	}
 	if st := F.srv.ColdStats(); st.FlushedObjects != 0 {
 		t.Fatalf("a follower flushed: %+v", st)
@@ -179,9 +178,11 @@ func TestColdThreeVoters(t *testing.T) {
 	if err := store.Put(context.Background(), orphan, strings.NewReader("x"), 1); err != nil {
 		t.Fatal(err)
 	}
-	res, b = do(t, http.MethodPost, F.ts.URL+"/__ursula/cold-refs", []byte(chunk+"\n"+orphan+"\n"))
-	if res.StatusCode != http.StatusOK || string(b) != chunk+"\n" {
-		t.Fatalf("cold-refs: %d %q", res.StatusCode, b)
+	// The collector's question over the peer channel: every other voter references the
+	// chunk; nobody needs the orphan.
+	needed, err := L.e.PeersColdRefs(context.Background(), []string{chunk, orphan})
+	if err != nil || len(needed) != 1 || !needed[chunk] {
+		t.Fatalf("peers' cold refs: %v %v", needed, err)
 	}
 	eventually(t, "the orphan is collected", func() bool {
 		_, err := coldstore.ReadAll(context.Background(), store, orphan, 0, -1)
@@ -210,7 +211,7 @@ func TestColdThreeVoters(t *testing.T) {
 	if res, b := do(t, http.MethodPost, F.ts.URL+"/__ursula/flush-cold/"+key, nil); res.StatusCode != http.StatusOK {
 		t.Fatalf("flush on the new leader: %d %s", res.StatusCode, b)
 	}
-	eventually(t, "the old leader trims", func() bool { return L.cv.GroupHotBytes(g) == 0 })
+	eventually(t, "the old leader trims", func() bool { return L.e.GroupHotBytes(g) == 0 })
 	all := append(append([]byte(nil), data...), more...)
 	res, b = do(t, http.MethodGet, L.ts.URL+"/"+key+"?offset=-1", nil)
 	if res.StatusCode != http.StatusOK || !bytes.Equal(b, all) {
@@ -245,7 +246,7 @@ func TestColdHotCounterRestart(t *testing.T) {
 	e, srv, closeAll := open()
 	ts := httptest.NewServer(srv)
 	key := "hotb/s"
-	g := int(e.GroupOf(key))
+	g := e.GroupOf(key)
 	body := bytes.Repeat([]byte("z"), 100<<10)
 	do(t, http.MethodPut, ts.URL+"/"+key, nil)
 	do(t, http.MethodPost, ts.URL+"/"+key, body)
@@ -256,7 +257,7 @@ func TestColdHotCounterRestart(t *testing.T) {
 		do(t, http.MethodPost, ts.URL+"/"+key, body[:10<<10])
 	}
 	want := int64(60 << 10)
-	if h := e.ColdEngine().GroupHotBytes(g); h != want {
+	if h := e.GroupHotBytes(g); h != want {
 		t.Fatalf("hot %d, want %d", h, want)
 	}
 	eventually(t, "a raft snapshot of the group", func() bool {
@@ -267,7 +268,7 @@ func TestColdHotCounterRestart(t *testing.T) {
 	closeAll()
 	e, srv, closeAll = open()
 	defer closeAll()
-	if h, r := e.ColdEngine().GroupHotBytes(g), hotRecount(e, g); h != want || r != want {
+	if h, r := e.GroupHotBytes(g), hotRecount(e, g); h != want || r != want {
 		t.Fatalf("after restart: hot counter %d, recount %d, want %d", h, r, want)
 	}
 	ts = httptest.NewServer(srv)

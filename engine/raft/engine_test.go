@@ -12,7 +12,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	"github.com/ursula-go/ursula/server"
+	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/raftlog"
 	"github.com/ursula-go/ursula/streamcore"
 )
@@ -191,7 +191,7 @@ func TestThreeVoters(t *testing.T) {
 	if _, err := F.Propose(ctx, create(key)); err == nil {
 		t.Fatal("follower accepted a write")
 	} else {
-		var nl *server.NotLeaderError
+		var nl *engine.NotLeaderError
 		if !errors.As(err, &nl) || nl.Proposed || nl.LeaderURL != peers[leader-1].URL {
 			t.Fatalf("follower error: %#v", err)
 		}

@@ -1,13 +1,14 @@
 package server
 
 import (
+	"context"
 	"encoding/hex"
 	"net/http"
 	"strconv"
-	"time"
 
 	"lukechampine.com/blake3"
 
+	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -196,7 +197,7 @@ func (s *Server) handleAppend(w http.ResponseWriter, r *http.Request, t *target)
 // known), marked x-ursula-not-applied: NotLeader since nothing was proposed, without
 // reading a body the leader would have to receive again.
 func (s *Server) writeHere(w http.ResponseWriter, r *http.Request, key string) bool {
-	lv, ok := s.engine.(LeaderVerifier)
+	lv, ok := s.engine.(engine.LeaderVerifier)
 	if !ok {
 		return true
 	}
@@ -219,79 +220,20 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request, t *target)
 	}
 	drainBody(r)
 	var before uint64 // the incarnation deleted, for its staged snapshot parts
-	if s.cold != nil {
-		s.engine.View(t.key, s.now(), func(_ *streamcore.State, str *streamcore.Stream) {
-			if str != nil {
-				before = str.Incarnation
-			}
-		})
-	}
+	s.engine.View(t.key, s.now(), func(_ *streamcore.State, str *streamcore.Stream) {
+		if str != nil {
+			before = str.Incarnation
+		}
+	})
 	res, e := s.propose(r.Context(), &streamcore.Command{Op: streamcore.OpDelete, Key: t.key, Now: s.now(), IfIncarnation: inc})
 	if e != nil {
 		s.writeError(w, r, e)
 		return
 	}
 	s.writeResult(w, r, t, res)
-	if s.cold != nil && res.Err == nil && before != 0 {
-		go s.cold.dropStreamParts(t.key, before, time.Now())
+	if res.Err == nil {
+		s.cold.StreamDeleted(t.key, before)
 	}
-}
-
-// SnapshotDigest is the digest of a snapshot: lowercase hex BLAKE3 of
-// (u64 little-endian len(content type) || content type || body) (checklist 21.3).
-func SnapshotDigest(contentType string, body []byte) string {
-	return streamcore.SnapshotDigestOf(contentType, body)
-}
-
-func (s *Server) handlePublishSnapshot(w http.ResponseWriter, r *http.Request, t *target, offText string) {
-	if r.Header.Get(streamcore.HdrSnapshotMatch) != "" {
-		s.writeError(w, r, badHeader("Stream-Snapshot-Match was removed"))
-		return
-	}
-	off, err := streamcore.ParseOffset(offText)
-	if err != nil {
-		s.writeError(w, r, streamcore.Errorf(http.StatusBadRequest, streamcore.CodeInvalidOffset, "%s", err.Error()))
-		return
-	}
-	inc, e := parseIncarnation(r)
-	if e != nil {
-		s.writeError(w, r, e)
-		return
-	}
-	ct := streamcore.DefaultContentType
-	if raw := r.Header.Get("Content-Type"); raw != "" {
-		n, ok := streamcore.NormalizeContentType(raw)
-		if !ok {
-			s.writeError(w, r, streamcore.Errorf(http.StatusBadRequest, streamcore.CodeInvalidSnapshot, "snapshot Content-Type is not a valid media type"))
-			return
-		}
-		ct = n
-	}
-	if len(r.Header.Values(streamcore.HdrSnapshotParts)) > 0 {
-		s.handleCommitParts(w, r, t, off, inc, ct)
-		return
-	}
-	body, e := readBody(w, r)
-	if e != nil {
-		s.writeError(w, r, e)
-		return
-	}
-	c := &streamcore.Command{
-		Op: streamcore.OpPublishSnapshot, Key: t.key, Now: s.now(), IfIncarnation: inc,
-		Offset: off, SnapshotType: ct, SnapshotDigest: SnapshotDigest(ct, body), Body: body,
-	}
-	staged, e := s.stageSnapshot(t.key, c) // big bodies go to the cold store first
-	if e != nil {
-		s.writeError(w, r, e)
-		return
-	}
-	res, e := s.propose(r.Context(), c)
-	s.unstageSnapshot(staged, res, e)
-	if e != nil {
-		s.writeError(w, r, e)
-		return
-	}
-	s.writeResult(w, r, t, res)
 }
 
 func (s *Server) handleRetain(w http.ResponseWriter, r *http.Request, t *target, offText string) {
@@ -307,7 +249,7 @@ func (s *Server) handleRetain(w http.ResponseWriter, r *http.Request, t *target,
 	}
 	drainBody(r)
 	res, e := s.propose(r.Context(), &streamcore.Command{Op: streamcore.OpRetain, Key: t.key, Now: s.now(), IfIncarnation: inc, Offset: off,
-		BoundaryChecked: s.coldBoundary(t.key, off)})
+		BoundaryChecked: s.cold.Boundary(t.key, off)})
 	if e != nil {
 		s.writeError(w, r, e)
 		return
@@ -315,4 +257,121 @@ func (s *Server) handleRetain(w http.ResponseWriter, r *http.Request, t *target,
 	s.writeResult(w, r, t, res)
 }
 
-var _ = strconv.Itoa
+func (s *Server) handleRead(w http.ResponseWriter, r *http.Request, t *target) {
+	rq, e := parseReadQuery(r.URL.Query(), t.compat)
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	inc, e := parseIncarnation(r)
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	if (rq.leader || rq.live != "") && !s.verifyLeader(w, r, t.key) {
+		return
+	}
+	switch rq.live {
+	case "long-poll":
+		s.longPoll(w, r, t, rq, inc)
+		return
+	case "sse":
+		s.serveSSE(w, r, t, rq, inc)
+		return
+	}
+	v, e := s.look(t, rq.off, rq.maxBytes, inc)
+	if (rq.off.Now || e != nil && (e.Status == http.StatusNotFound || e.Status == http.StatusRequestedRangeNotSatisfiable)) && !s.tailHere(w, r, t.key) {
+		return // a follower: offset=now, and a missing stream or offset, come from the leader
+	}
+	if e != nil {
+		if e.Status == http.StatusPreconditionFailed {
+			s.renew(r.Context(), t, v)
+		}
+		s.writeError(w, r, e)
+		return
+	}
+	s.renew(r.Context(), t, v)
+	s.writeData(w, r, v, rq.off.Now, "")
+}
+
+// tailHere reports whether this node may resolve offset=now, or refuse a catch-up read with
+// 404 or 416, for key's stream. A follower's replica can trail the leader by a commit
+// round, so on a replicated engine a follower sends such a read to the leader (307; 503
+// while none is known) rather than answer from its stale prefix. Other catch-up reads are
+// served from the local replica; their Stream-Up-To-Date is the tail this node knows
+// (checklist-ops 108, the spec's read path).
+func (s *Server) tailHere(w http.ResponseWriter, r *http.Request, key string) bool {
+	lv, ok := s.engine.(engine.LeaderVerifier)
+	if !ok {
+		return true
+	}
+	err := lv.LeaderHint(key)
+	if err == nil {
+		return true
+	}
+	e := leaderError(err, false)
+	if e == nil {
+		return true
+	}
+	s.writeError(w, r, e)
+	return false
+}
+
+func (s *Server) handleHead(w http.ResponseWriter, r *http.Request, t *target) {
+	inc, e := parseIncarnation(r)
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	v, e := s.look(t, streamcore.ReadOffset{Now: true}, 0, inc)
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", v.ct)
+	h.Set(streamcore.HdrStreamNextOff, streamcore.FormatOffset(v.tail))
+	h.Set(streamcore.HdrRetainedOffset, streamcore.FormatOffset(v.retained))
+	s.cold.HeadHeaders(h, max(v.hotStart, v.retained))
+	h.Set(streamcore.HdrIncarnation, u64(v.inc))
+	h.Set(streamcore.HdrMaxRequestBytes, strconv.Itoa(streamcore.MaxRequestBytes))
+	if v.closed {
+		h.Set(streamcore.HdrStreamClosed, "true")
+	}
+	if v.ttl >= 0 {
+		h.Set(streamcore.HdrStreamTTL, strconv.FormatInt(v.ttl, 10))
+	}
+	if v.expiresAt != "" {
+		h.Set(streamcore.HdrStreamExpiresAt, v.expiresAt)
+	}
+	if v.snap != nil {
+		h.Set(streamcore.HdrSnapshotOffset, streamcore.FormatOffset(v.snap.Offset))
+		h.Set(streamcore.HdrSnapshotDigest, v.snap.Digest)
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// renew renews a sliding TTL a read made due (the engine asks the leader when this node
+// follows the stream's group).
+func (s *Server) renew(ctx context.Context, t *target, v *view) {
+	if v == nil || !v.renew {
+		return
+	}
+	s.engine.RenewRead(ctx, t.key, s.now())
+}
+
+// coldAdmit refuses a write with a body while the stream's group holds more hot bytes
+// than storage.cold.max_hot_size_per_group, before anything is proposed. A replicated
+// engine's follower holds the same hot bytes as the leader: it answers the redirect (or
+// no-leader 503) first, as it would without the cold tier.
+func (s *Server) coldAdmit(key string, bodyLen int) *streamcore.Error {
+	if !s.cold.OverHotCap(key, bodyLen) {
+		return nil
+	}
+	if lv, ok := s.engine.(engine.LeaderVerifier); ok {
+		if e := leaderError(lv.LeaderHint(key), true); e != nil {
+			return e
+		}
+	}
+	return s.cold.Backpressure()
+}
