@@ -1,13 +1,14 @@
 // Package coldtier is the cold tier: stream bytes and snapshot bodies in an object store
 // (package coldtier/store), run by a Tier with a narrow seam to the engine (Engine).
 //
-// Appends land in the engine's hot buffers; a background flusher (flush.go) writes contiguous old ranges of a stream to the object
-// store as chunk objects and then proposes streamcore.OpRecordChunk, which records the
-// chunk and trims the hot range, so every replica reaches the same state. Reads plan over
-// both tiers under the engine's View and fetch cold ranges afterwards, outside any lock
-// (read.go). Snapshot bodies of at least storage.cold.snapshot_min_size are stored as
-// objects. A collector (gc.go) deletes objects nothing references any more after a
-// grace period, never one a read in flight has pinned.
+// Appends land in the engine's hot buffers; a background flusher (flush.go) writes
+// contiguous old ranges of a stream to the object store as chunk objects and then
+// proposes streamcore.OpRecordChunk, which records the chunk and trims the hot range, so
+// every replica reaches the same state. Reads plan over both tiers under the engine's
+// View and fetch cold ranges afterwards, outside any lock (read.go). Snapshot bodies of
+// at least storage.cold.snapshot_min_size are stored as objects (snapshot.go). A
+// collector (gc.go) deletes objects nothing references any more after a grace period,
+// never one a read in flight has pinned.
 //
 // Object keys (all under storage.cold.root, then the s3 prefix for the s3 backend):
 //

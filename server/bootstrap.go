@@ -11,7 +11,7 @@ import (
 )
 
 // handleBootstrap answers GET /{b}/{s}/bootstrap: the latest snapshot and the updates after
-// it as multipart/mixed (checklist 25).
+// it as multipart/mixed.
 func (s *Server) handleBootstrap(w http.ResponseWriter, r *http.Request, t *target) {
 	if r.URL.Query().Has("live") {
 		s.writeError(w, r, streamcore.Errorf(http.StatusBadRequest, streamcore.CodeInvalidQuery, "bootstrap has no live mode"))

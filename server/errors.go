@@ -38,7 +38,7 @@ func (s *Server) propose(ctx context.Context, c *streamcore.Command) (streamcore
 			return res, e
 		}
 		// Only appends, closes and creates carry the not-applied marker when refused before
-		// proposal; deletes, snapshots and retention stay unmarked (checklist-ops 147).
+		// proposal; deletes, snapshots and retention stay unmarked.
 		if e := leaderError(err, c.Op == streamcore.OpAppend || c.Op == streamcore.OpCreate); e != nil {
 			return res, e
 		}

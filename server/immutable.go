@@ -8,7 +8,7 @@ import (
 	"github.com/ursula-go/ursula/streamcore"
 )
 
-// handleImmutable answers the immutable resources of checklist 26.
+// handleImmutable answers the immutable resources (an incarnation's chunks and snapshots, cacheable forever).
 func (s *Server) handleImmutable(w http.ResponseWriter, r *http.Request, t *target, token, kind, offText string) {
 	if r.URL.RawQuery != "" || strings.HasSuffix(r.RequestURI, "?") {
 		s.writeError(w, r, streamcore.Errorf(http.StatusBadRequest, streamcore.CodeQueryNotAccepted, "immutable resources take no query string"))

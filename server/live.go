@@ -14,7 +14,7 @@ import (
 // cursorEpoch is 2024-10-09T00:00:00Z; cursors count 20-second intervals from it.
 var cursorEpoch = time.Date(2024, 10, 9, 0, 0, 0, 0, time.UTC)
 
-// nextCursor computes Stream-Cursor (checklist 17).
+// nextCursor computes Stream-Cursor.
 func (s *Server) nextCursor(client string) string {
 	cur := int64(s.clock().Sub(cursorEpoch) / (20 * time.Second))
 	if c, err := strconv.ParseInt(client, 10, 64); err == nil && c >= cur {

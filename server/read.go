@@ -37,7 +37,7 @@ type view struct {
 
 func (v *view) isJSON() bool { return streamcore.IsJSON(v.ct) }
 
-// readQuery holds the parsed read parameters (checklist 14).
+// readQuery holds the parsed read parameters.
 type readQuery struct {
 	off        streamcore.ReadOffset
 	hasOffset  bool
@@ -255,7 +255,7 @@ func gone(v *view) *streamcore.Error {
 func u64(v uint64) string { return strconv.FormatUint(v, 10) }
 
 // trimText shortens a text window so it never ends inside a UTF-8 code point and, for
-// NDJSON, ends at the last complete line when one exists (checklist 18.11, 18.12).
+// NDJSON, ends at the last complete line when one exists.
 func trimText(v *view, json bool) {
 	if v.end == v.tail || v.end == v.start {
 		return
@@ -308,7 +308,7 @@ func etagOf(v *view) string {
 	return tag + `"`
 }
 
-// etagMatches compares If-None-Match weakly (checklist 19.3).
+// etagMatches compares If-None-Match weakly.
 func etagMatches(r *http.Request, etag string) bool {
 	inm := r.Header.Get("If-None-Match")
 	if inm == "" {

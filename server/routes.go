@@ -67,7 +67,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// splitPath splits on raw '/' before percent-decoding each segment (checklist 1.15).
+// splitPath splits on raw '/' before percent-decoding each segment.
 func splitPath(raw string) ([]string, *streamcore.Error) {
 	raw = strings.TrimPrefix(raw, "/")
 	if raw == "" {
@@ -136,7 +136,7 @@ func (s *Server) routeStream(w http.ResponseWriter, r *http.Request, t *target, 
 			}
 			return
 		case "snapshot":
-			// The removed latest-snapshot path (checklist 1.11).
+			// The removed latest-snapshot path.
 			w.Header().Set("Allow", "")
 			s.writeError(w, r, streamcore.Errorf(http.StatusMethodNotAllowed, streamcore.CodeUnsupported, "the latest-snapshot path was removed; use HEAD for Stream-Snapshot-Offset, then GET /snapshot/{offset}"))
 			return

@@ -11,7 +11,7 @@ import (
 )
 
 // SnapshotDigest is the digest of a snapshot: lowercase hex BLAKE3 of
-// (u64 little-endian len(content type) || content type || body) (checklist 21.3).
+// (u64 little-endian len(content type) || content type || body).
 func SnapshotDigest(contentType string, body []byte) string {
 	return streamcore.SnapshotDigestOf(contentType, body)
 }
@@ -157,7 +157,7 @@ func (s *Server) serveSnapshot(w http.ResponseWriter, r *http.Request, t *target
 	}
 }
 
-// parseRange reads one byte range (checklist 23.5-23.7). Anything but a single valid range
+// parseRange reads one byte range. Anything but a single valid range
 // (or any If-Range) means the whole body.
 func parseRange(r *http.Request, size uint64) (lo, hi uint64, ranged, unsat bool) {
 	rh := r.Header.Get("Range")

@@ -298,8 +298,7 @@ func (s *Server) handleRead(w http.ResponseWriter, r *http.Request, t *target) {
 // 404 or 416, for key's stream. A follower's replica can trail the leader by a commit
 // round, so on a replicated engine a follower sends such a read to the leader (307; 503
 // while none is known) rather than answer from its stale prefix. Other catch-up reads are
-// served from the local replica; their Stream-Up-To-Date is the tail this node knows
-// (checklist-ops 108, the spec's read path).
+// served from the local replica; their Stream-Up-To-Date is the tail this node knows.
 func (s *Server) tailHere(w http.ResponseWriter, r *http.Request, key string) bool {
 	lv, ok := s.engine.(engine.LeaderVerifier)
 	if !ok {

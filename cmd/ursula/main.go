@@ -393,7 +393,7 @@ func validClusterID(id string) bool {
 	return true
 }
 
-// loadClusterID reads DIR/cluster-id, creating it on first start (checklist-protocol 3.5).
+// loadClusterID reads DIR/cluster-id, creating it on first start.
 func loadClusterID(dir string) (string, error) {
 	p := filepath.Join(dir, "cluster-id")
 	if b, err := os.ReadFile(p); err == nil {
