@@ -87,7 +87,7 @@ bench: build conformance-deps s3-deps
 ## fuzz: run every fuzz target for FUZZTIME each
 FUZZTIME ?= 20s
 fuzz:
-	@for pkg in ./streamcore ./server ./replicator ./server/nodelog; do \
+	@for pkg in ./streamcore ./server ./replicator ./raftlog; do \
 	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
 	    echo "== $$pkg $$f"; $(GO) test $$pkg -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) || exit 1; \
 	  done; \

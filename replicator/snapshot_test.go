@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/streamcore"
 )
@@ -32,7 +33,7 @@ const snapPage = 4096
 // snapServer starts a real stream server (memory engine) behind an optional wrapper.
 func snapServer(t *testing.T, wrap func(http.Handler) http.Handler) string {
 	t.Helper()
-	eng := server.NewMemoryEngine(0)
+	eng := engine.NewMemory(0)
 	var h http.Handler = server.New(eng, server.Config{ClusterID: "snapshot-test"})
 	if wrap != nil {
 		h = wrap(h)

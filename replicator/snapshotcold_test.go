@@ -6,9 +6,10 @@ import (
 	"testing"
 	"time"
 
+	coldstore "github.com/ursula-go/ursula/coldtier/store"
+	"github.com/ursula-go/ursula/coldtier/store/s3test"
+	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/server"
-	"github.com/ursula-go/ursula/server/coldstore"
-	"github.com/ursula-go/ursula/server/coldstore/s3test"
 )
 
 // coldServer starts a real server (memory engine) whose cold tier (fs, or s3 on versitygw)
@@ -28,7 +29,7 @@ func coldServer(t *testing.T, backend string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng := server.NewMemoryEngine(0)
+	eng := engine.NewMemory(0)
 	srv := server.New(eng, server.Config{ClusterID: "snapshot-parts"})
 	cfg := coldstore.Config{Backend: backend, Dir: "unused", S3: s3cfg, Root: "root",
 		FlushInterval: coldstore.Duration(20 * time.Millisecond), FlushSize: coldstore.Size(1 << 20),

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ursula-go/ursula/coldtier"
+	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -69,7 +71,7 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte(`{"ready":false,"reason":"shutting down"}`))
 		return
 	}
-	if ra, ok := s.engine.(RaftAdmin); ok {
+	if ra, ok := s.engine.(engine.RaftAdmin); ok {
 		if ok, why := ra.Ready(); !ok {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			json.NewEncoder(w).Encode(map[string]any{"ready": false, "reason": "raft_replica_unready", "detail": why})
@@ -82,7 +84,7 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 // handleRaftAdmin serves GET /__ursula/raft/status, POST /__ursula/raft/transfer?group=N[&to=ID]
 // and POST /__ursula/raft/drain on engines that run Raft (404 on the memory engine).
 func (s *Server) handleRaftAdmin(w http.ResponseWriter, r *http.Request, path string) {
-	ra, ok := s.engine.(RaftAdmin)
+	ra, ok := s.engine.(engine.RaftAdmin)
 	if !ok {
 		s.writeError(w, r, streamcore.Errorf(http.StatusNotFound, streamcore.CodeNotFound, "this server does not run Raft"))
 		return
@@ -139,13 +141,13 @@ func (s *Server) handleRaftAdmin(w http.ResponseWriter, r *http.Request, path st
 type MetricsSnapshot struct {
 	UptimeSeconds float64            `json:"uptime_seconds"`
 	ClusterID     string             `json:"cluster_id"`
-	Engine        EngineStats        `json:"engine"`
+	Engine        engine.EngineStats `json:"engine"`
 	LiveReaders   int64              `json:"live_readers"`
 	AppendBytes   uint64             `json:"append_bytes_total"`
 	ReadBytes     uint64             `json:"read_bytes_total"`
 	Requests      map[string]uint64  `json:"requests_total"`
 	RequestSecs   map[string]float64 `json:"request_seconds_total"`
-	Cold          *ColdStats         `json:"cold,omitempty"` // with a cold store (cold.go)
+	Cold          *coldtier.Stats    `json:"cold,omitempty"` // with a cold store
 	Raft          any                `json:"raft,omitempty"` // raft engine: GET /__ursula/raft/status
 }
 
@@ -167,11 +169,10 @@ func (s *Server) MetricsSnapshot() MetricsSnapshot {
 		ms.RequestSecs[k.method+" "+k.class] = v.seconds
 	}
 	s.metrics.mu.Unlock()
-	if s.cold != nil {
-		cs := s.ColdStats()
+	if cs := s.cold.Stats(); cs.Backend != "none" {
 		ms.Cold = &cs
 	}
-	if ra, ok := s.engine.(RaftAdmin); ok {
+	if ra, ok := s.engine.(engine.RaftAdmin); ok {
 		ms.Raft = ra.RaftStatus()
 	}
 	return ms
@@ -217,4 +218,70 @@ func (s *Server) handleMetricsProm(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 	w.Write([]byte(b.String()))
+}
+
+// coldProm adds the cold tier's metrics to the Prometheus text.
+func coldProm(c *coldtier.Stats, gauge, counter func(name, help string, v any)) {
+	gauge("ursula_cold_hot_bytes", "Unflushed (hot) payload bytes over all groups.", c.HotBytes)
+	gauge("ursula_cold_max_group_hot_bytes", "Hot bytes of the fullest group.", c.MaxGroupHotBytes)
+	gauge("ursula_cold_cache_bytes", "Bytes in the cold read cache.", c.CacheBytes)
+	counter("ursula_cold_flushed_bytes_total", "Bytes flushed to the cold store.", c.FlushedBytes)
+	counter("ursula_cold_flushed_objects_total", "Chunk objects flushed to the cold store.", c.FlushedObjects)
+	counter("ursula_cold_flush_write_errors_total", "Failed chunk uploads.", c.FlushWriteErrors)
+	counter("ursula_cold_backpressure_events_total", "Writes refused with ColdBackpressure.", c.BackpressureEvents)
+	counter("ursula_cold_read_bytes_total", "Bytes read from the cold tier.", c.ColdReadBytes)
+	counter("ursula_cold_gc_deleted_objects_total", "Objects deleted by the cold collector.", c.GCDeletedObjects)
+	gauge("ursula_cold_staged_part_bytes", "Bytes of staged snapshot parts this node counts (streams it leads).", c.StagedPartBytes)
+	counter("ursula_cold_parts_staged_total", "Snapshot parts staged on this node.", c.PartsStaged)
+	counter("ursula_cold_parts_commits_total", "Snapshots published from parts by this node.", c.PartsCommitted)
+}
+
+// handleFlushCold serves POST /__ursula/flush-cold/{bucket}/{stream}: flush every hot
+// byte of one stream now. The answer is {"hot_start_offset": "..."}.
+func (s *Server) handleFlushCold(w http.ResponseWriter, r *http.Request, raw string) {
+	if r.Method != http.MethodPost {
+		s.methodNotAllowed(w, r, "POST")
+		return
+	}
+	segs, e := splitPath(strings.TrimPrefix(raw, "/__ursula/flush-cold"))
+	if e == nil && len(segs) != 2 {
+		e = streamcore.Errorf(http.StatusNotFound, streamcore.CodeNotFound, "use /__ursula/flush-cold/{bucket}/{stream}")
+	}
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	if s.cold == nil {
+		s.writeError(w, r, streamcore.Errorf(http.StatusNotImplemented, streamcore.CodeNoColdStore, "this server has no cold store"))
+		return
+	}
+	key := segs[0] + "/" + segs[1]
+	// Only the leader of the stream's group flushes it (its record goes through Raft).
+	if lv, ok := s.engine.(engine.LeaderVerifier); ok {
+		if e := leaderError(lv.LeaderHint(key), false); e != nil {
+			drainBody(r)
+			s.writeError(w, r, e)
+			return
+		}
+	}
+	var hotStart uint64
+	found := false
+	s.engine.View(key, s.now(), func(_ *streamcore.State, str *streamcore.Stream) {
+		found = str != nil
+	})
+	if !found {
+		s.writeError(w, r, streamcore.Errorf(http.StatusNotFound, streamcore.CodeStreamNotFound, "stream does not exist"))
+		return
+	}
+	if err := s.cold.FlushStream(key); err != nil {
+		s.writeError(w, r, coldtier.StoreFailed(err))
+		return
+	}
+	s.engine.View(key, s.now(), func(_ *streamcore.State, str *streamcore.Stream) {
+		if str != nil {
+			hotStart = str.Data.Base()
+		}
+	})
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, `{"hot_start_offset":%q}`, streamcore.FormatOffset(hotStart))
 }

@@ -6,12 +6,14 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"testing"
+
+	"github.com/ursula-go/ursula/engine"
 )
 
 // BenchmarkAppendHandler measures the handler cost of a 4 KiB producer append, without
 // the network (the load benchmark with the network is cmd/ursula-bench).
 func BenchmarkAppendHandler(b *testing.B) {
-	eng := NewMemoryEngine(0)
+	eng := engine.NewMemory(0)
 	srv := New(eng, Config{ClusterID: "bench"})
 	req := httptest.NewRequest("PUT", "/bench/s", nil)
 	srv.ServeHTTP(httptest.NewRecorder(), req)

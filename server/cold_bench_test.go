@@ -8,8 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ursula-go/ursula/server/coldstore"
-	"github.com/ursula-go/ursula/server/coldstore/s3test"
+	coldstore "github.com/ursula-go/ursula/coldtier/store"
+	"github.com/ursula-go/ursula/coldtier/store/s3test"
+	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -24,7 +25,7 @@ func BenchmarkCatchUpColdFS(b *testing.B) { benchCatchUp(b, "fs") }
 func BenchmarkCatchUpColdS3(b *testing.B) { benchCatchUp(b, "s3") }
 
 func benchCatchUp(b *testing.B, backend string) {
-	eng := NewMemoryEngine(0)
+	eng := engine.NewMemory(0)
 	srv := New(eng, Config{ClusterID: "bench"})
 	defer eng.Close()
 	if backend != "none" {

@@ -11,7 +11,7 @@ import (
 	"github.com/ursula-go/ursula/streamcore"
 )
 
-// Snapshot upload in parts (checklist-protocol 22) through the real HTTP server, on the
+// Snapshot upload in parts through the real HTTP server, on the
 // fs store and on versitygw.
 
 const partsCT = "application/x-sqlite3"

@@ -13,8 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ursula-go/ursula/server/coldstore"
-	"github.com/ursula-go/ursula/server/coldstore/s3test"
+	"github.com/ursula-go/ursula/coldtier"
+	coldstore "github.com/ursula-go/ursula/coldtier/store"
+	"github.com/ursula-go/ursula/coldtier/store/s3test"
+	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -52,7 +54,7 @@ func newColdEnv(t *testing.T, backend string, cs coldSetup) *coldEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng := NewMemoryEngine(0)
+	eng := engine.NewMemory(0)
 	env.srv = New(eng, Config{ClusterID: "cold-cluster"})
 	hot := coldstore.Size(cs.hotCap)
 	cfg := coldstore.Config{Backend: backend, Dir: "unused", Root: "root", FlushInterval: coldstore.Duration(20 * time.Millisecond),
@@ -148,7 +150,7 @@ func (env *coldEnv) appendAll(path string, from, to, piece uint64) int {
 			off += n
 		case http.StatusServiceUnavailable:
 			if res.Header.Get("X-Ursula-Not-Applied") != "ColdBackpressure" || res.Header.Get("Retry-After") != "1" ||
-				!strings.Contains(string(body), CodeColdBackpressure) || res.Header.Get("X-Ursula-Not-Applied-Checked") != "" {
+				!strings.Contains(string(body), coldtier.CodeColdBackpressure) || res.Header.Get("X-Ursula-Not-Applied-Checked") != "" {
 				t.Fatalf("503 without the ColdBackpressure marking: %v %s", res.Header, body)
 			}
 			refusals++
@@ -407,9 +409,9 @@ func TestColdS3Outage(t *testing.T) {
 	if res.StatusCode != 200 {
 		t.Fatalf("hot read during the outage: %d", res.StatusCode)
 	}
-	env.srv.cold.cache = newColdCache(1 << 20) // forget cached cold blocks
+	env.srv.cold.DropCache() // forget cached cold blocks
 	res, body := coldDo(t, "GET", env.url("/bkt1/out?offset=-1"), nil)
-	if res.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), CodeColdStoreFailed) {
+	if res.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), coldtier.CodeColdStoreFailed) {
 		t.Fatalf("cold read during the outage: %d %s", res.StatusCode, body)
 	}
 	time.Sleep(300 * time.Millisecond)
@@ -456,7 +458,7 @@ func TestColdRetentionGC(t *testing.T) {
 			}
 			// Hold a read of a doomed chunk in flight: pinned objects survive the grace.
 			doomed := chunks[0]
-			env.srv.cold.pin(doomed)
+			env.srv.cold.Pin(doomed)
 			deadline := time.Now().Add(60 * time.Second)
 			for {
 				if len(env.objects("/c/")) == 9 && len(env.objects("/s/")) == 1 {
@@ -470,7 +472,7 @@ func TestColdRetentionGC(t *testing.T) {
 			if _, err := env.store.Head(context.Background(), doomed); err != nil {
 				t.Fatalf("a pinned chunk was deleted: %v", err)
 			}
-			env.srv.cold.unpin(doomed)
+			env.srv.cold.Unpin(doomed)
 			for len(env.objects("/c/")) != 8 {
 				if time.Now().After(deadline) {
 					t.Fatalf("unpinned chunk stays: %v", env.objects("/c/"))
@@ -622,8 +624,8 @@ func TestColdFlushEndpoint(t *testing.T) {
 	if res.StatusCode != 200 || !strings.Contains(string(body), streamcore.FormatOffset(300<<10)) {
 		t.Fatalf("flush-cold: %d %s", res.StatusCode, body)
 	}
-	if res, _ := coldDo(t, "HEAD", env.url("/bkt1/f1"), nil); res.Header.Get(HdrColdHotStart) != streamcore.FormatOffset(300<<10) {
-		t.Fatalf("HEAD %s: %q", HdrColdHotStart, res.Header.Get(HdrColdHotStart))
+	if res, _ := coldDo(t, "HEAD", env.url("/bkt1/f1"), nil); res.Header.Get(coldtier.HdrColdHotStart) != streamcore.FormatOffset(300<<10) {
+		t.Fatalf("HEAD %s: %q", coldtier.HdrColdHotStart, res.Header.Get(coldtier.HdrColdHotStart))
 	}
 	if env.hotStart("bkt1/f1") != 300<<10 || env.hotStart("bkt1/f2") != 0 {
 		t.Fatalf("hot starts %d %d", env.hotStart("bkt1/f1"), env.hotStart("bkt1/f2"))
@@ -652,16 +654,16 @@ func TestColdFormatMarker(t *testing.T) {
 	dir := t.TempDir()
 	st, _ := coldstore.NewFS(dir)
 	cfg := coldstore.Config{Backend: "fs", Dir: dir, Root: "r1"}
-	srv := New(NewMemoryEngine(0), Config{ClusterID: "c1"})
+	srv := New(engine.NewMemory(0), Config{ClusterID: "c1"})
 	if err := srv.EnableCold(st, cfg, ColdOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	srv.StopCold()
-	if _, err := st.Head(context.Background(), "r1/"+FormatMarker); err != nil {
+	if _, err := st.Head(context.Background(), "r1/"+coldtier.FormatMarker); err != nil {
 		t.Fatalf("no marker written: %v", err)
 	}
 	// Same root again: accepted.
-	srv = New(NewMemoryEngine(0), Config{ClusterID: "c1"})
+	srv = New(engine.NewMemory(0), Config{ClusterID: "c1"})
 	if err := srv.EnableCold(st, cfg, ColdOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -669,13 +671,13 @@ func TestColdFormatMarker(t *testing.T) {
 	// A root holding someone else's objects: refused.
 	st.Put(context.Background(), "r2/other", strings.NewReader("x"), 1)
 	cfg.Root = "r2"
-	err := New(NewMemoryEngine(0), Config{ClusterID: "c1"}).EnableCold(st, cfg, ColdOptions{})
+	err := New(engine.NewMemory(0), Config{ClusterID: "c1"}).EnableCold(st, cfg, ColdOptions{})
 	if err == nil || !strings.Contains(err.Error(), "is not empty and has no URSULA_FORMAT_EPOCH marker") {
 		t.Fatalf("foreign root: %v", err)
 	}
-	st.Put(context.Background(), "r3/"+FormatMarker, strings.NewReader("3\n"), 2)
+	st.Put(context.Background(), "r3/"+coldtier.FormatMarker, strings.NewReader("3\n"), 2)
 	cfg.Root = "r3"
-	err = New(NewMemoryEngine(0), Config{ClusterID: "c1"}).EnableCold(st, cfg, ColdOptions{})
+	err = New(engine.NewMemory(0), Config{ClusterID: "c1"}).EnableCold(st, cfg, ColdOptions{})
 	if err == nil || !strings.Contains(err.Error(), "is format epoch") {
 		t.Fatalf("other epoch: %v", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -26,7 +27,7 @@ func FuzzRequest(f *testing.F) {
 	f.Add("GET", "/bkt1/s/incarnation/4503599627370497/chunk/00000000000000000000", "", "", "", "")
 	f.Add("PUT", "/v1/stream/a/b", "", "", "", "")
 	f.Add("DELETE", "/bkt1/%zz", "", "", "", "")
-	eng := NewMemoryEngine(0)
+	eng := engine.NewMemory(0)
 	srv := New(eng, Config{ClusterID: "fuzz"})
 	// Seed state the fuzzer can hit.
 	for _, r := range []*http.Request{

@@ -28,7 +28,7 @@ func tooLarge(contentLength bool) *streamcore.Error {
 	return e
 }
 
-// readBody reads the request body under the 32 MiB limit (checklist 27).
+// readBody reads the request body under the 32 MiB limit.
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *streamcore.Error) {
 	if r.ContentLength > streamcore.MaxRequestBytes {
 		return nil, tooLarge(true)
@@ -118,7 +118,7 @@ func badProducer(format string, args ...any) *streamcore.Error {
 	return streamcore.Errorf(http.StatusBadRequest, streamcore.CodeInvalidProducer, format, args...)
 }
 
-// parseProducer reads Producer-Id/Epoch/Seq: all three or none (checklist 10.1, 10.2).
+// parseProducer reads Producer-Id/Epoch/Seq: all three or none.
 func parseProducer(r *http.Request) (*streamcore.ProducerHeaders, *streamcore.Error) {
 	id, hasID, e1 := single(r, streamcore.HdrProducerID)
 	ep, hasEp, e2 := single(r, streamcore.HdrProducerEpoch)
@@ -189,7 +189,7 @@ func parseStreamSeq(r *http.Request) (string, *streamcore.Error) {
 	return v, nil
 }
 
-// closedFlag reads Stream-Closed: only "true" (any case) counts (checklist 3.11).
+// closedFlag reads Stream-Closed: only "true" (any case) counts.
 func closedFlag(r *http.Request) bool {
 	return strings.EqualFold(strings.TrimSpace(r.Header.Get(streamcore.HdrStreamClosed)), "true")
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -18,7 +19,7 @@ import (
 
 func newTestServer(t *testing.T) *httptest.Server {
 	t.Helper()
-	eng := NewMemoryEngine(0)
+	eng := engine.NewMemory(0)
 	ts := httptest.NewServer(New(eng, Config{ClusterID: "test-cluster"}))
 	t.Cleanup(func() { ts.Close(); eng.Close() })
 	return ts

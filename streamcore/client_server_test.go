@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/server"
 	. "github.com/ursula-go/ursula/streamcore"
 )
@@ -17,7 +18,7 @@ import (
 
 func newRealServer(t *testing.T) (*Client, string) {
 	t.Helper()
-	eng := server.NewMemoryEngine(0)
+	eng := engine.NewMemory(0)
 	ts := httptest.NewServer(server.New(eng, server.Config{ClusterID: "client-test"}))
 	t.Cleanup(func() { ts.Close(); eng.Close() })
 	c, err := NewClient(ts.URL + "/bucket")

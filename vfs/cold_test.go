@@ -10,10 +10,11 @@ import (
 	"testing"
 	"time"
 
+	coldstore "github.com/ursula-go/ursula/coldtier/store"
+	"github.com/ursula-go/ursula/coldtier/store/s3test"
+	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/replicator"
 	"github.com/ursula-go/ursula/server"
-	"github.com/ursula-go/ursula/server/coldstore"
-	"github.com/ursula-go/ursula/server/coldstore/s3test"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -103,7 +104,7 @@ func s3ColdServer(tb testing.TB, prefix string, flushSize int64) (string, coldst
 	if err != nil {
 		tb.Fatal(err)
 	}
-	eng := server.NewMemoryEngine(0)
+	eng := engine.NewMemory(0)
 	srv := server.New(eng, server.Config{ClusterID: prefix})
 	cfg := coldstore.Config{Backend: "s3", S3: gw.Config(prefix), Root: "root",
 		FlushInterval: coldstore.Duration(20 * time.Millisecond), FlushSize: coldstore.Size(flushSize),

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ncruces/go-sqlite3/driver"
 
+	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/replicator"
 	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/streamcore"
@@ -23,7 +24,7 @@ import (
 
 func startServer(t testing.TB) string {
 	t.Helper()
-	eng := server.NewMemoryEngine(0)
+	eng := engine.NewMemory(0)
 	ts := httptest.NewServer(server.New(eng, server.Config{ClusterID: "vfs-test"}))
 	t.Cleanup(func() { ts.Close(); eng.Close() })
 	return ts.URL

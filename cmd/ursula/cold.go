@@ -6,8 +6,8 @@ import (
 	"log/slog"
 	"path/filepath"
 
+	coldstore "github.com/ursula-go/ursula/coldtier/store"
 	"github.com/ursula-go/ursula/server"
-	"github.com/ursula-go/ursula/server/coldstore"
 )
 
 // storageConfig is the [storage] section of the config file:
@@ -42,7 +42,7 @@ type storageConfig struct {
 }
 
 // defaultColdBackend is storage.cold.backend when the config leaves it out: "fs" under
-// DATA/cold for a single raft voter (DESIGN.md §3 "Defaults"); "none" for the memory
+// DATA/cold for a single raft voter; "none" for the memory
 // engine (its streams do not survive a restart, their objects would only pile up) and for
 // a raft cluster, whose voters must share one store (s3, or fs on a shared directory),
 // which a per-node default directory is not.

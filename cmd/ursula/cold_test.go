@@ -11,8 +11,9 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/ursula-go/ursula/engine"
+	raftengine "github.com/ursula-go/ursula/engine/raft"
 	"github.com/ursula-go/ursula/server"
-	"github.com/ursula-go/ursula/server/raftengine"
 )
 
 func TestColdConfig(t *testing.T) {
@@ -55,7 +56,7 @@ force_path_style = true
 		t.Fatalf("decoded %+v", c)
 	}
 	data := t.TempDir()
-	srv := server.New(server.NewMemoryEngine(0), server.Config{ClusterID: "c"})
+	srv := server.New(engine.NewMemory(0), server.Config{ClusterID: "c"})
 	if err := enableCold(srv, &fc.Storage, data, "memory", 0, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	_ "github.com/ncruces/go-sqlite3/driver"
 
+	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/streamcore"
 	"github.com/ursula-go/ursula/vfs"
@@ -20,7 +21,7 @@ import (
 // commit boundary (point-in-time), claims nothing, and refuses bad offsets without
 // touching the output file.
 func TestExport(t *testing.T) {
-	eng := server.NewMemoryEngine(0)
+	eng := engine.NewMemory(0)
 	ts := httptest.NewServer(server.New(eng, server.Config{ClusterID: "export-test"}))
 	defer func() { ts.Close(); eng.Close() }()
 	url := ts.URL + "/expt/db"

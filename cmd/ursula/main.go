@@ -21,9 +21,10 @@ import (
 	"github.com/BurntSushi/toml"
 	"github.com/hashicorp/raft"
 
+	"github.com/ursula-go/ursula/engine"
+	raftengine "github.com/ursula-go/ursula/engine/raft"
+	"github.com/ursula-go/ursula/raftlog"
 	"github.com/ursula-go/ursula/server"
-	"github.com/ursula-go/ursula/server/nodelog"
-	"github.com/ursula-go/ursula/server/raftengine"
 )
 
 const usage = `ursula: a Durable Streams server (HTTP append-only streams with snapshots,
@@ -157,7 +158,7 @@ func runServer(args []string, stderr io.Writer) error {
 	listen := fs.String("listen", "", "address to listen on")
 	data := fs.String("data", "", "data directory")
 	config := fs.String("config", "", "TOML config file")
-	engine := fs.String("engine", "", "storage engine")
+	engineFlag := fs.String("engine", "", "storage engine")
 	nodeID := fs.Uint64("node-id", 0, "raft node id (overrides raft.node_id)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile to this file until shutdown")
 	if err := fs.Parse(args); err != nil {
@@ -191,7 +192,7 @@ func runServer(args []string, stderr io.Writer) error {
 	}
 	addr := pick(*listen, fc.Server.Listen, "127.0.0.1:4437")
 	dataDir := pick(*data, fc.Server.DataDir, "./ursula-data")
-	engineName := pick(*engine, fc.Server.Engine, "raft")
+	engineName := pick(*engineFlag, fc.Server.Engine, "raft")
 	if engineName != "memory" && engineName != "raft" {
 		return fmt.Errorf("engine %q is not available; this build has: raft, memory", engineName)
 	}
@@ -222,10 +223,10 @@ func runServer(args []string, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", addr, err)
 	}
-	var eng server.Engine
+	var eng engine.Engine
 	var drain func()
 	if engineName == "memory" {
-		eng = server.NewMemoryEngine(10 * time.Second)
+		eng = engine.NewMemory(10 * time.Second)
 	} else {
 		re, closeLog, err := openRaft(&fc, dataDir, "http://"+ln.Addr().String(), stderr, logger)
 		if err != nil {
@@ -319,7 +320,7 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, stderr io.Writer, logger 
 	if len(peers) == 0 {
 		peers = []raftengine.Peer{{ID: rc.NodeID, URL: selfURL}}
 	}
-	fsync, err := nodelog.ParseFsyncMode(pickStr(rc.WAL.Fsync, "never"))
+	fsync, err := raftlog.ParseFsyncMode(pickStr(rc.WAL.Fsync, "never"))
 	if err != nil {
 		return nil, nil, fmt.Errorf("raft.wal.fsync: %w", err)
 	}
@@ -327,7 +328,7 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, stderr io.Writer, logger 
 	if err := os.MkdirAll(walDir, 0o755); err != nil {
 		return nil, nil, fmt.Errorf("raft.wal.path: %w", err)
 	}
-	nl, err := nodelog.Open(walDir, nodelog.Options{Fsync: fsync, SegmentBytes: rc.WAL.SegmentSize,
+	nl, err := raftlog.Open(walDir, raftlog.Options{Fsync: fsync, SegmentBytes: rc.WAL.SegmentSize,
 		Logf: func(f string, a ...any) { logger.Warn(fmt.Sprintf(f, a...), "component", "nodelog") }})
 	if err != nil {
 		return nil, nil, fmt.Errorf("node log %s: %w", walDir, err)
@@ -392,7 +393,7 @@ func validClusterID(id string) bool {
 	return true
 }
 
-// loadClusterID reads DIR/cluster-id, creating it on first start (checklist-protocol 3.5).
+// loadClusterID reads DIR/cluster-id, creating it on first start.
 func loadClusterID(dir string) (string, error) {
 	p := filepath.Join(dir, "cluster-id")
 	if b, err := os.ReadFile(p); err == nil {

@@ -21,7 +21,7 @@ import (
 
 const chaosGroups = 8
 
-// groupOf mirrors raftengine's placement (FNV-1a 64 of "bucket/stream" mod group count).
+// groupOf mirrors the raft engine's placement (FNV-1a 64 of "bucket/stream" mod group count).
 func groupOf(key string) uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(key))

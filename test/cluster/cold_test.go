@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ursula-go/ursula/server/coldstore/s3test"
+	"github.com/ursula-go/ursula/coldtier/store/s3test"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -200,7 +200,7 @@ func TestColdClusterFollowerReads(t *testing.T) {
 	coldClusterFollowerReads(t, fmt.Sprintf("backend = \"fs\"\ndir = %q\n", t.TempDir()), 12<<20)
 }
 
-// TestColdClusterFollowerReadsS3: the same on one S3 bucket (versitygw, server/coldstore/s3test).
+// TestColdClusterFollowerReadsS3: the same on one S3 bucket (versitygw, coldtier/store/s3test).
 func TestColdClusterFollowerReadsS3(t *testing.T) {
 	gw := s3test.Start(t)
 	cfg := gw.Config("cluster")

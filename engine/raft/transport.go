@@ -1,0 +1,180 @@
+package raftengine
+
+import (
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// Mux carries the Raft traffic of every group over one cluster listener. Each connection
+// starts with an 8-byte preamble: the magic "URG1" then the group id (uint32 big endian).
+// The mux hands the rest of the connection to that group's raft.NetworkTransport, so every
+// group keeps hashicorp/raft's own wire protocol, pipelining and connection pool. A
+// connection whose preamble is "URP1" and four zero bytes carries one request of the
+// engine's peer channel (peer.go) instead.
+type Mux struct {
+	ln     net.Listener
+	adv    net.Addr
+	mu     sync.Mutex
+	groups map[uint32]*streamLayer
+	peers  func(net.Conn) // handler of peer-channel connections
+	done   chan struct{}
+	once   sync.Once
+}
+
+var muxMagic = [4]byte{'U', 'R', 'G', '1'}
+
+// NewMux starts accepting on ln. advertise is the address peers dial to reach this node
+// (the listener's address when empty; it differs when a proxy sits in front).
+func NewMux(ln net.Listener, advertise string) *Mux {
+	var adv net.Addr = ln.Addr()
+	if advertise != "" {
+		if a, err := net.ResolveTCPAddr("tcp", advertise); err == nil {
+			adv = a
+		}
+	}
+	m := &Mux{ln: ln, adv: adv, groups: map[uint32]*streamLayer{}, done: make(chan struct{})}
+	go m.accept()
+	return m
+}
+
+// Addr is the advertised address.
+func (m *Mux) Addr() net.Addr { return m.adv }
+
+// Close stops the listener and every group layer.
+func (m *Mux) Close() error {
+	m.once.Do(func() { close(m.done) })
+	return m.ln.Close()
+}
+
+func (m *Mux) accept() {
+	for {
+		c, err := m.ln.Accept()
+		if err != nil {
+			select {
+			case <-m.done:
+				return
+			default:
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		go m.route(c)
+	}
+}
+
+func (m *Mux) route(c net.Conn) {
+	var pre [8]byte
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(c, pre[:]); err != nil {
+		c.Close()
+		return
+	}
+	c.SetReadDeadline(time.Time{})
+	if [4]byte(pre[:4]) == peerMagic {
+		m.mu.Lock()
+		serve := m.peers
+		m.mu.Unlock()
+		if serve == nil {
+			c.Close()
+			return
+		}
+		serve(c)
+		return
+	}
+	if [4]byte(pre[:4]) != muxMagic {
+		c.Close()
+		return
+	}
+	g := binary.BigEndian.Uint32(pre[4:])
+	m.mu.Lock()
+	sl := m.groups[g]
+	m.mu.Unlock()
+	if sl == nil {
+		c.Close()
+		return
+	}
+	select {
+	case sl.conns <- c:
+	case <-sl.closed:
+		c.Close()
+	case <-m.done:
+		c.Close()
+	}
+}
+
+// HandlePeers sets the handler of peer-channel connections (after their preamble).
+func (m *Mux) HandlePeers(serve func(net.Conn)) {
+	m.mu.Lock()
+	m.peers = serve
+	m.mu.Unlock()
+}
+
+// Layer returns the raft.StreamLayer of group.
+func (m *Mux) Layer(group uint32) raft.StreamLayer {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sl := &streamLayer{m: m, group: group, conns: make(chan net.Conn, 16), closed: make(chan struct{})}
+	m.groups[group] = sl
+	return sl
+}
+
+type streamLayer struct {
+	m      *Mux
+	group  uint32
+	conns  chan net.Conn
+	closed chan struct{}
+	once   sync.Once
+}
+
+// Dial opens a connection to the group on the node at address.
+func (l *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	c, err := net.DialTimeout("tcp", string(address), timeout)
+	if err != nil {
+		return nil, err
+	}
+	var pre [8]byte
+	copy(pre[:4], muxMagic[:])
+	binary.BigEndian.PutUint32(pre[4:], l.group)
+	c.SetWriteDeadline(time.Now().Add(timeout))
+	if _, err := c.Write(pre[:]); err != nil {
+		c.Close()
+		return nil, err
+	}
+	c.SetWriteDeadline(time.Time{})
+	return c, nil
+}
+
+func (l *streamLayer) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.closed:
+		return nil, errors.New("raftengine: group transport closed")
+	case <-l.m.done:
+		return nil, errors.New("raftengine: cluster listener closed")
+	}
+}
+
+func (l *streamLayer) Close() error {
+	l.once.Do(func() {
+		close(l.closed)
+		l.m.mu.Lock()
+		if l.m.groups[l.group] == l {
+			delete(l.m.groups, l.group)
+		}
+		l.m.mu.Unlock()
+	})
+	return nil
+}
+
+func (l *streamLayer) Addr() net.Addr { return l.m.adv }

@@ -1,0 +1,5 @@
+//go:build !linux
+
+package raftlog
+
+func dropCache(string) bool { return false }

@@ -1,5 +1,0 @@
-//go:build !linux
-
-package nodelog
-
-func dropCache(string) bool { return false }

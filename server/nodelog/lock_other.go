@@ -1,8 +1,0 @@
-//go:build !unix
-
-package nodelog
-
-import "os"
-
-// lockDir is a no-op where flock is not available.
-func lockDir(*os.File, string) error { return nil }
