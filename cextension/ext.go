@@ -32,6 +32,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/replicator"
 	"github.com/ursula-go/ursula/streamcore"
 	"github.com/ursula-go/ursula/vfs"
@@ -222,30 +223,30 @@ func writeCode(err error) C.int {
 // ---- SQL functions ----------------------------------------------------------------------
 
 var (
-	clientOnce sync.Once
-	client     *streamcore.Client
+	clientOnce   sync.Once
+	sharedClient *client.Client
 )
 
 // processClient is the one client every attach of this process uses, so that
 // ursula_set_token reaches all of them. It reads the same URSULA_VFS_* settings as the
 // replicator's default client.
-func processClient() *streamcore.Client {
+func processClient() *client.Client {
 	clientOnce.Do(func() {
-		tr := streamcore.NewTransport()
+		tr := client.NewTransport()
 		if ms, err := strconv.Atoi(os.Getenv("URSULA_VFS_IDLE_MS")); err == nil && ms > 0 {
 			tr.IdleConnTimeout = time.Duration(ms) * time.Millisecond
 		}
-		client, _ = streamcore.NewClient("", streamcore.WithHTTPClient(&http.Client{Transport: tr}),
-			streamcore.WithUserAgent("sqlite-ursula-vfs/ursula-go"))
+		sharedClient, _ = client.New("", client.WithHTTPClient(&http.Client{Transport: tr}),
+			client.WithUserAgent("sqlite-ursula-vfs/ursula-go"))
 		if p := os.Getenv("URSULA_VFS_TOKEN_FILE"); p != "" {
 			if b, err := os.ReadFile(p); err == nil {
-				client.SetToken(string(bytes.TrimSpace(b)))
+				sharedClient.SetToken(string(bytes.TrimSpace(b)))
 			} else {
 				logEvent("warn", "token_file_unreadable", "file=%q err=%q", p, err.Error())
 			}
 		}
 	})
-	return client
+	return sharedClient
 }
 
 // fnError formats an error as "<function>: <kind>: <message>" with its SQLite code.
@@ -258,7 +259,7 @@ func fnError(fn string, err error) (string, C.int) {
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()
 	}
-	var ce *streamcore.ClientError
+	var ce *client.Error
 	if errors.As(err, &ce) && e.Kind == replicator.KindNotApplied {
 		switch ce.Status {
 		case http.StatusPaymentRequired:

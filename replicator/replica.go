@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -26,7 +27,7 @@ const ProducerID = "ursula-sqlite"
 // Options configure a replica. Zero values take the URSULA_VFS_* environment variables,
 // then the defaults.
 type Options struct {
-	Client        *streamcore.Client
+	Client        *client.Client
 	RetryBudget   time.Duration // URSULA_VFS_RETRY_MS, default 30 s
 	AttemptLimit  time.Duration // per append attempt, default 10 s
 	MaxFrameBytes int           // URSULA_VFS_MAX_FRAME_BYTES, default 32 MiB
@@ -108,13 +109,13 @@ func (o *Options) defaults() error {
 		o.Log = os.Stderr
 	}
 	if o.Client == nil {
-		tr := streamcore.NewTransport()
+		tr := client.NewTransport()
 		tr.IdleConnTimeout = 90 * time.Second // URSULA_VFS_IDLE_MS; 0 disables reuse
 		if v, err := strconv.Atoi(os.Getenv("URSULA_VFS_IDLE_MS")); err == nil && v >= 0 {
 			tr.IdleConnTimeout = time.Duration(v) * time.Millisecond
 			tr.DisableKeepAlives = v == 0
 		}
-		c, err := streamcore.NewClient("", streamcore.WithHTTPClient(&http.Client{Transport: tr}))
+		c, err := client.New("", client.WithHTTPClient(&http.Client{Transport: tr}))
 		if err != nil {
 			return err
 		}
@@ -223,14 +224,14 @@ func Attach(ctx context.Context, streamURL, path string, opts Options) (*Replica
 	c := opts.Client
 	info, err := c.Head(ctx, streamURL)
 	if err != nil {
-		var ce *streamcore.ClientError
+		var ce *client.Error
 		if !errors.As(err, &ce) || ce.Status != http.StatusNotFound {
 			return nil, classifyRead(err, "HEAD of the stream")
 		}
 		if hasData {
 			return nil, newError(KindNotFound, ActionFix, nil, "the stream does not exist but %s holds data; refusing to replace either (delete the file to start over from an empty stream)", path)
 		}
-		if _, err := c.Create(ctx, streamURL, streamcore.CreateOptions{ContentType: "application/octet-stream"}); err != nil {
+		if _, err := c.Create(ctx, streamURL, client.CreateOptions{ContentType: "application/octet-stream"}); err != nil {
 			return nil, classifyRead(err, "creating the stream")
 		}
 		if info, err = c.Head(ctx, streamURL); err != nil {
@@ -266,7 +267,7 @@ func Attach(ctx context.Context, streamURL, path string, opts Options) (*Replica
 
 // resume brings the local files up to the stream's tail when the sidecar allows it, and
 // says why not otherwise (nil image).
-func resume(ctx context.Context, r *Replica, sc *Sidecar, scErr error, info *streamcore.StreamInfo) (*Image, string) {
+func resume(ctx context.Context, r *Replica, sc *Sidecar, scErr error, info *client.StreamInfo) (*Image, string) {
 	tail, _ := streamcore.ParseOffset(info.NextOffset)
 	retained, _ := streamcore.ParseOffset(info.RetainedOffset)
 	switch {
@@ -342,13 +343,13 @@ func (r *Replica) claim(ctx context.Context, epoch uint64) error {
 	cl.Epoch = epoch
 	rand.Read(cl.Nonce[:])
 	body := EncodeClaim(cl)
-	wr, err := r.opts.Client.Append(ctx, r.url, body, streamcore.AppendOptions{
+	wr, err := r.opts.Client.Append(ctx, r.url, body, client.AppendOptions{
 		ContentType: "application/octet-stream",
-		Producer:    &streamcore.ProducerKey{ID: ProducerID, Epoch: epoch, Seq: 0},
+		Producer:    &client.ProducerKey{ID: ProducerID, Epoch: epoch, Seq: 0},
 		StreamSeq:   streamcore.FormatOffset(r.tail),
 	})
 	if err != nil {
-		var ce *streamcore.ClientError
+		var ce *client.Error
 		if errors.As(err, &ce) && (ce.Status == http.StatusForbidden || ce.Status == http.StatusConflict) {
 			return newError(KindFenced, ActionReattach, err, "another owner claimed the stream while attaching")
 		}
@@ -356,7 +357,7 @@ func (r *Replica) claim(ctx context.Context, epoch uint64) error {
 	}
 	start, _ := streamcore.ParseOffset(wr.Offset)
 	end, _ := streamcore.ParseOffset(wr.NextOffset)
-	rr, err := r.opts.Client.Read(ctx, r.url, streamcore.ReadOptions{Offset: wr.Offset, MaxBytes: int(end - start)})
+	rr, err := r.opts.Client.Read(ctx, r.url, client.ReadOptions{Offset: wr.Offset, MaxBytes: int(end - start)})
 	if err != nil {
 		return classifyRead(err, "reading the claim back")
 	}
@@ -402,9 +403,9 @@ func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 		}
 	}
 	seq := r.seq + 1
-	opts := streamcore.AppendOptions{
+	opts := client.AppendOptions{
 		ContentType: "application/octet-stream",
-		Producer:    &streamcore.ProducerKey{ID: ProducerID, Epoch: r.epoch, Seq: seq},
+		Producer:    &client.ProducerKey{ID: ProducerID, Epoch: r.epoch, Seq: seq},
 		StreamSeq:   streamcore.FormatOffset(r.tail),
 	}
 	deadline := time.Now().Add(r.opts.RetryBudget)
@@ -460,7 +461,7 @@ func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 			}
 		}
 		wait := backoff
-		var ce *streamcore.ClientError
+		var ce *client.Error
 		if errors.As(err, &ce) && ce.RetryAfter > 0 {
 			wait = max(wait, ce.RetryAfter)
 		}
@@ -506,7 +507,7 @@ type commitVerdict struct {
 // classifyCommit sorts one append attempt's failure by checklist-vfs J: only a few
 // answers prove that nothing was applied; a redirect or an unmarked 5xx proves nothing.
 func classifyCommit(err error) commitVerdict {
-	var ce *streamcore.ClientError
+	var ce *client.Error
 	if !errors.As(err, &ce) {
 		return commitVerdict{stepRetryUnknown, KindOutcomeUnknown, err.Error()}
 	}
@@ -519,7 +520,7 @@ func classifyCommit(err error) commitVerdict {
 		reason = reason[:256] + "..."
 	}
 	switch st := ce.Status; {
-	case st == 0 && ce.Outcome == streamcore.NotApplied:
+	case st == 0 && ce.Outcome == client.NotApplied:
 		return commitVerdict{stepRetryRefused, KindUnreachable, "never sent: " + reason}
 	case st == 0:
 		return commitVerdict{stepRetryUnknown, KindOutcomeUnknown, "no answer: " + reason}

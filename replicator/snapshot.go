@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -107,7 +108,7 @@ func (r *Replica) snapView() snapView {
 
 // startSnapshots starts the snapshot goroutine of a replica that just attached; img is
 // what the attach rebuilt or resumed, info the HEAD it made. A new attach has no backoff.
-func (r *Replica) startSnapshots(img *Image, info *streamcore.StreamInfo) {
+func (r *Replica) startSnapshots(img *Image, info *client.StreamInfo) {
 	r.dbBytes = uint64(img.DBPages) * uint64(img.PageSize)
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &snapshotter{
@@ -376,7 +377,7 @@ func (s *snapshotter) classify(ctx context.Context, err error, bodyLen int) (str
 	if errors.Is(err, errImageTooLarge) || errors.Is(err, errSnapshotTooLarge) {
 		return FailSize, 0
 	}
-	var ce *streamcore.ClientError
+	var ce *client.Error
 	errors.As(err, &ce)
 	if ce != nil && ce.Status == http.StatusServiceUnavailable && (ce.RetryAfter > 0 || ce.NotApplied != "") {
 		return FailOutage, ce.RetryAfter

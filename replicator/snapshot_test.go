@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/streamcore"
 )
@@ -165,7 +166,7 @@ func snapAttach(t *testing.T, url string, opts Options) (*Replica, string, *logB
 		opts.SnapshotMinBytes = 64 << 10
 	}
 	if opts.Client == nil {
-		c, err := streamcore.NewClient("")
+		c, err := client.New("")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -325,11 +326,11 @@ func TestSnapshotCycle(t *testing.T) {
 	if err != nil || parseOff(t, info.RetainedOffset) != x1 || parseOff(t, info.SnapshotOffset) != x2 {
 		t.Fatalf("after the second snapshot: HEAD retained %q snapshot %q (err %v), want %d and %d", info.RetainedOffset, info.SnapshotOffset, err, x1, x2)
 	}
-	var ce *streamcore.ClientError
-	if _, err := c.Read(ctx, url, streamcore.ReadOptions{Offset: streamcore.FormatOffset(0)}); !errors.As(err, &ce) || ce.Status != http.StatusGone {
+	var ce *client.Error
+	if _, err := c.Read(ctx, url, client.ReadOptions{Offset: streamcore.FormatOffset(0)}); !errors.As(err, &ce) || ce.Status != http.StatusGone {
 		t.Fatalf("read below retention: %v, want 410", err)
 	}
-	if _, err := c.Read(ctx, url, streamcore.ReadOptions{Offset: streamcore.FormatOffset(x1), MaxBytes: 1}); err != nil {
+	if _, err := c.Read(ctx, url, client.ReadOptions{Offset: streamcore.FormatOffset(x1), MaxBytes: 1}); err != nil {
 		t.Fatalf("read at retention: %v", err)
 	}
 
@@ -628,12 +629,12 @@ func TestSnapshotBackoffAndClassify(t *testing.T) {
 
 	base := snapServer(t, nil)
 	url := base + "/snap/classify"
-	c, _ := streamcore.NewClient("")
-	if _, err := c.Create(context.Background(), url, streamcore.CreateOptions{}); err != nil {
+	c, _ := client.New("")
+	if _, err := c.Create(context.Background(), url, client.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	s := &snapshotter{r: &Replica{url: url, opts: Options{Client: c}}}
-	noAnswer := &streamcore.ClientError{Status: 0, Err: errors.New("connection reset by peer")}
+	noAnswer := &client.Error{Status: 0, Err: errors.New("connection reset by peer")}
 	const big = 2 << 20
 	cases := []struct {
 		name     string
@@ -643,15 +644,15 @@ func TestSnapshotBackoffAndClassify(t *testing.T) {
 		kind     string
 		wait     time.Duration
 	}{
-		{"503 Retry-After", &streamcore.ClientError{Status: 503, RetryAfter: 2 * time.Second}, 10, 0, FailOutage, 2 * time.Second},
-		{"503 marker", &streamcore.ClientError{Status: 503, NotApplied: "WalDiskPressure"}, big, 0, FailOutage, 0},
-		{"plain 503", &streamcore.ClientError{Status: 503}, 10, 0, FailOther, 0},
-		{"500", &streamcore.ClientError{Status: 500}, 10, 0, FailOther, 0},
+		{"503 Retry-After", &client.Error{Status: 503, RetryAfter: 2 * time.Second}, 10, 0, FailOutage, 2 * time.Second},
+		{"503 marker", &client.Error{Status: 503, NotApplied: "WalDiskPressure"}, big, 0, FailOutage, 0},
+		{"plain 503", &client.Error{Status: 503}, 10, 0, FailOther, 0},
+		{"500", &client.Error{Status: 500}, 10, 0, FailOther, 0},
 		{"no answer, small body", noAnswer, 10, 0, FailOutage, 0},
 		{"no answer, big body, stream answers", noAnswer, big, 0, FailSize, 0},
-		{"413 big body", &streamcore.ClientError{Status: 413}, big, 0, FailSize, 0},
-		{"413 body not larger than one published", &streamcore.ClientError{Status: 413}, big, big, FailOther, 0},
-		{"413 body under 1 MiB", &streamcore.ClientError{Status: 413}, 1 << 20, 0, FailOther, 0},
+		{"413 big body", &client.Error{Status: 413}, big, 0, FailSize, 0},
+		{"413 body not larger than one published", &client.Error{Status: 413}, big, big, FailOther, 0},
+		{"413 body under 1 MiB", &client.Error{Status: 413}, 1 << 20, 0, FailOther, 0},
 		{"image over the limit", fmt.Errorf("%w: x", errImageTooLarge), 0, 0, FailSize, 0},
 		{"wrapped read failure", newError(KindUnavailable, ActionRetry, noAnswer, "stream read failed"), 0, 0, FailOutage, 0},
 		{"local", errors.New("disk full"), 10, 0, FailOther, 0},

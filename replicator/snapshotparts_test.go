@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -190,7 +191,7 @@ func (f *fakeParts) counts() (staged, commits, discards, maxInFlight int) {
 
 // checkSnapshot restores the stream from its latest snapshot alone (up to the snapshot
 // offset) and compares with the model.
-func checkSnapshot(t *testing.T, c *streamcore.Client, url string, x uint64, m *model) {
+func checkSnapshot(t *testing.T, c *client.Client, url string, x uint64, m *model) {
 	t.Helper()
 	dst := filepath.Join(t.TempDir(), "restored")
 	img, err := Restore(context.Background(), c, url, dst, x, 0, nil)

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -89,7 +90,7 @@ func (s *snapshotter) writeBlob(h SnapshotHeader, size int64) (*snapBlob, error)
 }
 
 // noteHead keeps the limits a HEAD announced.
-func (s *snapshotter) noteHead(info *streamcore.StreamInfo) {
+func (s *snapshotter) noteHead(info *client.StreamInfo) {
 	if info != nil {
 		s.maxReqBytes, s.maxSnapBytes = info.MaxRequestBytes, info.MaxSnapshotBytes
 	}
@@ -146,8 +147,8 @@ func (s *snapshotter) publishWhole(ctx context.Context, off string, blob *snapBl
 }
 
 // learnConflict notes the latest snapshot a 409 names and returns the client error.
-func (s *snapshotter) learnConflict(err error) *streamcore.ClientError {
-	var ce *streamcore.ClientError
+func (s *snapshotter) learnConflict(err error) *client.Error {
+	var ce *client.Error
 	if errors.As(err, &ce) && ce.Status == http.StatusConflict && ce.SnapshotOffset != "" {
 		// A newer snapshot (or other bytes at X) is the latest: learn where it is.
 		if n, perr := streamcore.ParseOffset(ce.SnapshotOffset); perr == nil {
@@ -298,7 +299,7 @@ func (s *snapshotter) readBack(ctx context.Context, x uint64, blob *snapBlob) er
 	for pos := int64(0); pos < total; {
 		n := int(min(verifyChunk, total-pos))
 		if _, err := io.ReadFull(body, got[:n]); err != nil {
-			var ce *streamcore.ClientError
+			var ce *client.Error
 			if errors.As(err, &ce) {
 				return classifyRead(ce, "reading the snapshot back")
 			}

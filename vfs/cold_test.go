@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/replicator"
 	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/server/coldstore"
@@ -48,7 +49,7 @@ func TestDatabaseOnColdTier(t *testing.T) {
 
 	// A snapshot is due once the log passes the database size: keep writing until one
 	// is published.
-	c, _ := streamcore.NewClient("")
+	c, _ := client.New("")
 	deadline := time.Now().Add(120 * time.Second)
 	for {
 		info, err := c.Head(context.Background(), url)

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/replicator"
 	"github.com/ursula-go/ursula/streamcore"
 )
@@ -34,8 +35,8 @@ var (
 
 // AttachOptions configure Attach.
 type AttachOptions struct {
-	ReadOnly bool               // rebuild the file from the stream, claim nothing
-	Client   *streamcore.Client // nil: the URSULA_VFS_* defaults
+	ReadOnly bool           // rebuild the file from the stream, claim nothing
+	Client   *client.Client // nil: the URSULA_VFS_* defaults
 }
 
 var (
@@ -80,7 +81,7 @@ func Attach(path, streamURL string, opts AttachOptions) (*Database, error) {
 	if opts.ReadOnly {
 		c := opts.Client
 		if c == nil {
-			c, _ = streamcore.NewClient("")
+			c, _ = client.New("")
 		}
 		img, err := replicator.Restore(context.Background(), c, streamURL, path, 0, streamcore.MaxRequestBytes, nil)
 		if err != nil {

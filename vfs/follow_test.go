@@ -16,6 +16,7 @@ import (
 	"github.com/ncruces/go-sqlite3"
 	"github.com/ncruces/go-sqlite3/driver"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/replicator"
 	"github.com/ursula-go/ursula/streamcore"
 )
@@ -147,7 +148,7 @@ func TestFollowLive(t *testing.T) {
 	}
 	// The file is the stream's database page for page, in rollback mode, with its own
 	// change counter, valid for the database size it says.
-	c, _ := streamcore.NewClient("")
+	c, _ := client.New("")
 	fresh := filepath.Join(t.TempDir(), "fresh.db")
 	if _, err := replicator.Restore(context.Background(), c, url, fresh, 0, streamcore.MaxRequestBytes, nil); err != nil {
 		t.Fatal(err)
@@ -371,7 +372,7 @@ func TestFollowBehindRetention(t *testing.T) {
 		mustExec(t, owner, `INSERT INTO t(v) VALUES ('c')`)
 	}
 	// Publish a snapshot of the stream's tail and retain from it.
-	c, _ := streamcore.NewClient("")
+	c, _ := client.New("")
 	ctx := context.Background()
 	snapPath := filepath.Join(t.TempDir(), "snap.db")
 	img, err := replicator.Restore(ctx, c, url, snapPath, 0, streamcore.MaxRequestBytes, nil)
@@ -410,7 +411,7 @@ func TestFollowStreamDeleted(t *testing.T) {
 	owner, follower, fpath, url := openPair(t, "deleted")
 	mustExec(t, owner, `INSERT INTO t(v) VALUES ('a')`)
 	waitCount(t, follower, `SELECT count(*) FROM t`, 1, 5*time.Second)
-	c, _ := streamcore.NewClient("")
+	c, _ := client.New("")
 	if _, err := c.Delete(context.Background(), url); err != nil {
 		t.Fatal(err)
 	}
@@ -456,7 +457,7 @@ func TestFollowRecreatedStream(t *testing.T) {
 	mustExec(t, owner, `INSERT INTO t(v) VALUES ('old 2')`)
 	time.Sleep(100 * time.Millisecond)
 	owner.Close()
-	c, _ := streamcore.NewClient("")
+	c, _ := client.New("")
 	if _, err := c.Delete(context.Background(), url); err != nil {
 		t.Fatal(err)
 	}

@@ -10,8 +10,8 @@ import (
 	"github.com/ncruces/go-sqlite3"
 	"github.com/ncruces/go-sqlite3/driver"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/replicator"
-	"github.com/ursula-go/ursula/streamcore"
 )
 
 // Error is the typed error of a replicated database: errors.As(err, &e) with e a
@@ -26,7 +26,7 @@ type Options struct {
 	// ReadOnly rebuilds the file from the stream and opens it without claiming it.
 	ReadOnly bool
 	// Client overrides the HTTP client (tokens, transport).
-	Client *streamcore.Client
+	Client *client.Client
 	// Follow makes a read-only replica that follows the stream live: the file is rebuilt
 	// from the stream, then a background applier applies each new commit between read
 	// transactions (a read transaction keeps its snapshot), until the *sql.DB is closed.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ncruces/go-sqlite3/driver"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/replicator"
 	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/streamcore"
@@ -84,7 +85,7 @@ func TestTransparencyAndRebuild(t *testing.T) {
 	mustExec(t, db, `PRAGMA wal_checkpoint(TRUNCATE)`)
 
 	fresh := filepath.Join(t.TempDir(), "rebuilt.db")
-	c, _ := streamcore.NewClient("")
+	c, _ := client.New("")
 	img, err := replicator.Restore(context.Background(), c, url, fresh, 0, streamcore.MaxRequestBytes, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -209,7 +210,7 @@ func TestBadInput(t *testing.T) {
 	}
 	mustExec(t, db, `CREATE TABLE t(x)`)
 	db.Close()
-	c, _ := streamcore.NewClient("")
+	c, _ := client.New("")
 	if _, err := c.Delete(context.Background(), url); err != nil {
 		t.Fatal(err)
 	}
