@@ -1,6 +1,6 @@
 // Command cextension is the loadable SQLite extension (bin/libursula_vfs.so, built with
 // -buildmode=c-shared): a thin C VFS over SQLite's unix VFS (shim.c) that hands the WAL
-// writes of attached databases to the binding-independent Go core (package vfs), and the
+// writes of attached databases to the binding-independent Go core (package sqlitewal), and the
 // SQL functions ursula_attach, ursula_status, ursula_stats and ursula_set_token.
 //
 // The Go side answers at xOpen (is this file attached? which fence flag?), takes every
@@ -34,15 +34,15 @@ import (
 
 	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/replicator"
+	"github.com/ursula-go/ursula/sqlitewal"
 	"github.com/ursula-go/ursula/streamcore"
-	"github.com/ursula-go/ursula/vfs"
 )
 
 func main() {}
 
 // dbState is one database attached through the extension.
 type dbState struct {
-	db       *vfs.Database
+	db       *sqlitewal.Database
 	path     string
 	fence    *C.int // C memory; never freed (an open file may still point at it)
 	opens    int    // open main and -wal handles of this attachment
@@ -72,7 +72,7 @@ func (st *dbState) watch() {
 // fileHandle is what a wrapped C file holds (as a cgo.Handle).
 type fileHandle struct {
 	st  *dbState
-	wal *vfs.WAL // owner -wal only
+	wal *sqlitewal.WAL // owner -wal only
 }
 
 var (
@@ -82,7 +82,7 @@ var (
 	failed   = map[string]string{} // path -> why its last attach failed (open is locked out)
 )
 
-// cWAL is the unix VFS's -wal file under the interception: vfs.WALFile over C.
+// cWAL is the unix VFS's -wal file under the interception: sqlitewal.WALFile over C.
 type cWAL struct{ f *C.sqlite3_file }
 
 func (w cWAL) ReadAt(p []byte, off int64) (int, error) {
@@ -201,23 +201,13 @@ func ursulaWalWrite(h C.uintptr_t, buf unsafe.Pointer, n C.int, off C.int64_t) (
 		// Fenced or poisoned: from now on the C read path refuses without asking Go.
 		C.ursula_flag_set(fh.st.fence, 1)
 	}
-	return writeCode(err)
+	return C.int(sqlitewal.ResultCode(err))
 }
 
 //export ursulaWalTruncate
 func ursulaWalTruncate(h C.uintptr_t) {
 	fh := cgo.Handle(h).Value().(*fileHandle)
 	fh.wal.Truncate()
-}
-
-// writeCode maps a failed -wal write to its SQLite code (checklist-vfs V): a refused or
-// fenced commit is SQLITE_IOERR_AUTH; anything else an I/O write error.
-func writeCode(err error) C.int {
-	// Same mapping as the pure-Go adapter (vfs.sqliteError).
-	if e, ok := replicator.AsError(err); ok && (e.Action == replicator.ActionRetry || e.Kind == replicator.KindTooLarge || e.Kind == replicator.KindFenced) {
-		return C.URSULA_IOERR_AUTH
-	}
-	return C.URSULA_IOERR_WRITE
 }
 
 // ---- SQL functions ----------------------------------------------------------------------
@@ -386,7 +376,7 @@ func attach(path, url string, readOnly bool) (uint64, error) {
 		return 0, setupErr(replicator.KindInUse, "%s is open in this process outside the ursula VFS (or was opened before ursula_attach): close it first", abs)
 	}
 
-	db, err := vfs.Attach(abs, url, vfs.AttachOptions{ReadOnly: readOnly, Client: processClient()})
+	db, err := sqlitewal.Attach(abs, url, sqlitewal.AttachOptions{ReadOnly: readOnly, Client: processClient()})
 	if err != nil {
 		if e, ok := replicator.AsError(err); !ok || !refusalChangesNothing(e.Kind) {
 			mu.Lock()

@@ -21,6 +21,7 @@ import (
 
 	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/replicator"
+	"github.com/ursula-go/ursula/sqlitewal"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -79,7 +80,7 @@ type follower struct {
 	url, path string
 	client    *client.Client
 	maxFrame  int
-	lock      *fileLock
+	lock      *sqlitewal.FileLock
 	file      *os.File      // the database file; written only under the EXCLUSIVE lock
 	conn      *sqlite3.Conn // private read-write connection that takes the EXCLUSIVE lock
 	ctx       context.Context
@@ -197,9 +198,9 @@ func openFollower(streamURL string, opts Options) (_ *sql.DB, err error) {
 	if err != nil {
 		return nil, classifyFollowRead(err, "HEAD of the stream")
 	}
-	lockPath := path + "-ursula.lock"
+	lockPath := sqlitewal.LockPath(path)
 	_, statErr := os.Stat(lockPath)
-	lk, err := lockFile(lockPath)
+	lk, err := sqlitewal.LockFile(lockPath)
 	if err != nil {
 		return nil, err
 	}
@@ -212,7 +213,7 @@ func openFollower(streamURL string, opts Options) (_ *sql.DB, err error) {
 			if f.file != nil {
 				f.file.Close()
 			}
-			lk.release()
+			lk.Release()
 			if os.IsNotExist(statErr) {
 				os.Remove(lockPath)
 			}
@@ -318,7 +319,7 @@ func (f *follower) close() error {
 		<-f.done
 		err = f.conn.Close()
 		f.file.Close()
-		f.lock.release()
+		f.lock.Release()
 		followersMu.Lock()
 		delete(followers, f.path)
 		followersMu.Unlock()
