@@ -104,11 +104,11 @@ func superseded(err error) bool {
 	return ce.Status == http.StatusNotFound && ce.Code == streamcore.CodeSnapshotNotFound || ce.Status == http.StatusGone
 }
 
-// MaxSnapshotImage is the largest database image a snapshot may hold. A rebuild streams
-// the snapshot into the file (ReadSnapshot) and allocates nothing of the image's size, so
-// the bound that matters on the wire is the compressed body (MaxSnapshotBody, the server's
+// maxSnapshotImage is the largest database image a snapshot may hold. A rebuild streams
+// the snapshot into the file (readSnapshot) and allocates nothing of the image's size, so
+// the bound that matters on the wire is the compressed body (maxSnapshotBody, the server's
 // 1 GiB); this one only refuses a declared size no database of ours reaches (64 GiB).
-const MaxSnapshotImage = 64 << 30
+const maxSnapshotImage = 64 << 30
 
 // rebuild writes into f (empty) the stream as of target: the latest snapshot if it is at
 // or below target (info is a HEAD of the stream), then the records up to target. It
@@ -123,9 +123,9 @@ func rebuild(ctx context.Context, c *client.Client, url string, f *os.File, img 
 			if err != nil {
 				return 0, classifyRead(err, "snapshot read")
 			}
-			h, n, err := ReadSnapshot(body, f, MaxSnapshotBody, MaxSnapshotImage)
+			h, n, err := readSnapshot(body, f, maxSnapshotBody, maxSnapshotImage)
 			body.Close()
-			if errors.Is(err, ErrBadSnapshot) {
+			if errors.Is(err, errBadSnapshot) {
 				return 0, newError(KindDamaged, ActionStop, err, "snapshot at %d", snapOff)
 			}
 			if err != nil {

@@ -262,7 +262,7 @@ func TestSnapshotCycle(t *testing.T) {
 	if st.SnapshotDueBytes != 32*snapPage || st.LogBytes != st.Offset || st.Snapshot != "-1" {
 		t.Fatalf("status before the first snapshot: %+v", st)
 	}
-	if _, err := os.Stat(path + ShadowSuffix); !os.IsNotExist(err) {
+	if _, err := os.Stat(path + shadowSuffix); !os.IsNotExist(err) {
 		t.Fatalf("shadow image exists before a snapshot is due: %v", err)
 	}
 	// The model against a Restore by full replay (no snapshot exists yet): it is the
@@ -297,7 +297,7 @@ func TestSnapshotCycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, image, err := DecodeSnapshot(sr.Data, MaxSnapshotImage)
+	h, image, err := decodeSnapshot(sr.Data, maxSnapshotImage)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -367,11 +367,11 @@ func TestSnapshotCycle(t *testing.T) {
 	}
 
 	// Close stops the goroutine and removes the shadow image.
-	if _, err := os.Stat(path + ShadowSuffix); err != nil {
+	if _, err := os.Stat(path + shadowSuffix); err != nil {
 		t.Fatalf("shadow image while attached: %v", err)
 	}
 	r.Close()
-	if _, err := os.Stat(path + ShadowSuffix); !os.IsNotExist(err) {
+	if _, err := os.Stat(path + shadowSuffix); !os.IsNotExist(err) {
 		t.Fatalf("shadow image after Close: %v", err)
 	}
 }
@@ -717,7 +717,7 @@ func TestSnapshotNewOwner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, image, err := DecodeSnapshot(sr.Data, MaxSnapshotImage)
+	h, image, err := decodeSnapshot(sr.Data, maxSnapshotImage)
 	if err != nil || h.Epoch != 2 || h.Offset != x2 || !bytes.Equal(image, mb.at[x2]) {
 		t.Fatalf("new owner's snapshot: header %+v, err %v, image equal %t", h, err, bytes.Equal(image, mb.at[x2]))
 	}
@@ -794,7 +794,7 @@ func TestSnapshotForeignSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, image, err := DecodeSnapshot(sr.Data, MaxSnapshotImage); err != nil || !bytes.Equal(image, m.at[x2]) {
+	if _, image, err := decodeSnapshot(sr.Data, maxSnapshotImage); err != nil || !bytes.Equal(image, m.at[x2]) {
 		t.Fatalf("own snapshot after the foreign one: %v", err)
 	}
 	commitUntilSnapshot(t, r, m, streamcore.FormatOffset(x2))
@@ -850,11 +850,9 @@ func TestSnapshotNoAnswerSentTwice(t *testing.T) {
 // TestSnapshotOutagePullForward: after an outage with a long Retry-After, the first
 // successful commit brings the next attempt forward, once (checklist P141).
 func TestSnapshotOutagePullForward(t *testing.T) {
-	defer func(d time.Duration) { outagePullForward = d }(outagePullForward)
-	outagePullForward = 300 * time.Millisecond
 	f := &snapFaults{snapPlan: []int{503}, retryHint: "5"}
 	base := snapServer(t, func(h http.Handler) http.Handler { f.next = h; return f })
-	r, _, lb := snapAttach(t, base+"/snap/pull", Options{})
+	r, _, lb := snapAttach(t, base+"/snap/pull", Options{outagePullForward: 300 * time.Millisecond})
 	m := newModel()
 	waitFor(t, "the outage", 10*time.Second, func() bool {
 		if len(lb.events("snapshot_failed")) > 0 {
@@ -870,6 +868,6 @@ func TestSnapshotOutagePullForward(t *testing.T) {
 	m.commit(t, r, 32, 4)
 	waitFor(t, "the pulled-forward attempt", 3*time.Second, func() bool { return r.Status().Snapshot != "-1" })
 	if d := f.puts()[1].Sub(committed); d > 2*time.Second {
-		t.Fatalf("the attempt came %v after the commit, want about %v (not the 5 s Retry-After)", d, outagePullForward)
+		t.Fatalf("the attempt came %v after the commit, want about %v (not the 5 s Retry-After)", d, r.opts.outagePullForward)
 	}
 }

@@ -14,7 +14,7 @@ import (
 )
 
 // A snapshot is fetched by ranged GETs, several in flight, piped in order into
-// ReadSnapshot: a cold start of a large database is bound by the network and the
+// readSnapshot: a cold start of a large database is bound by the network and the
 // decompressor, not by one request's round trips, and holds only the ranges in flight.
 const (
 	fetchRangeBytes = 8 << 20

@@ -224,7 +224,7 @@ func TestSnapshotInParts(t *testing.T) {
 	if staged < 3 || commits != 3 || discards != 0 || maxIn != 2 {
 		t.Fatalf("staged %d, commits %d, discards %d, at most %d in flight; want >= 3, 3, 0, 2", staged, commits, discards, maxIn)
 	}
-	if _, err := os.Stat(path + BlobSuffix); !os.IsNotExist(err) {
+	if _, err := os.Stat(path + blobSuffix); !os.IsNotExist(err) {
 		t.Fatalf("the snapshot body file outlives the cycle: %v", err)
 	}
 	if ev := lb.events("snapshot_failed"); len(ev) != 0 {

@@ -1,6 +1,7 @@
 package vfs
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	sqldriver "database/sql/driver"
@@ -64,9 +65,6 @@ const (
 	readerBusyMs  = 10000                  // busy timeout of user connections
 )
 
-// followReadBytes is how much one read asks for (the server's cap; tests lower it).
-var followReadBytes = streamcore.MaxReadBytes
-
 // FollowerStatus is the state of a follower: Status(path) plus what only a follower has.
 type FollowerStatus struct {
 	replicator.Status
@@ -80,6 +78,7 @@ type follower struct {
 	url, path string
 	client    *client.Client
 	maxFrame  int
+	readBytes int // how much one read asks for
 	lock      *sqlitewal.FileLock
 	file      *os.File      // the database file; written only under the EXCLUSIVE lock
 	conn      *sqlite3.Conn // private read-write connection that takes the EXCLUSIVE lock
@@ -174,7 +173,7 @@ func openFollower(streamURL string, opts Options) (_ *sql.DB, err error) {
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &follower{url: streamURL, path: path, client: c, maxFrame: streamcore.MaxRequestBytes,
+	f := &follower{url: streamURL, path: path, client: c, maxFrame: streamcore.MaxRequestBytes, readBytes: cmp.Or(opts.followReadBytes, streamcore.MaxReadBytes),
 		ctx: ctx, cancel: cancel, done: make(chan struct{}), following: true}
 	followersMu.Lock()
 	if followers[path] != nil {
@@ -347,7 +346,7 @@ func (f *follower) run() {
 		}
 		rr, err := f.client.Read(f.ctx, f.url, client.ReadOptions{
 			Offset: streamcore.FormatOffset(next), LongPoll: true, Timeout: followPoll,
-			MaxBytes: followReadBytes, IfIncarnation: f.inc})
+			MaxBytes: f.readBytes, IfIncarnation: f.inc})
 		if f.ctx.Err() != nil {
 			return
 		}

@@ -27,6 +27,12 @@ import (
 // openPair opens an owner of a new stream with table t, and a follower of it.
 func openPair(t *testing.T, name string) (owner, follower *sql.DB, fpath, url string) {
 	t.Helper()
+	return openPairWith(t, name, Options{})
+}
+
+// openPairWith is openPair with the follower opened with fo (Path and Follow set here).
+func openPairWith(t *testing.T, name string, fo Options) (owner, follower *sql.DB, fpath, url string) {
+	t.Helper()
 	url = startServer(t) + "/dbs1/" + name
 	dir := t.TempDir()
 	owner, err := Open(url, Options{Path: filepath.Join(dir, "owner.db")})
@@ -36,7 +42,8 @@ func openPair(t *testing.T, name string) (owner, follower *sql.DB, fpath, url st
 	t.Cleanup(func() { owner.Close() })
 	mustExec(t, owner, `CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)`)
 	fpath = filepath.Join(dir, "follower.db")
-	follower, err = Open(url, Options{Path: fpath, Follow: true})
+	fo.Path, fo.Follow = fpath, true
+	follower, err = Open(url, fo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,9 +340,8 @@ func TestFollowConsistentReads(t *testing.T) {
 // TestFollowBigTransaction: one commit of several MB, larger than a read, is assembled
 // across reads and applied whole.
 func TestFollowBigTransaction(t *testing.T) {
-	defer func(n int) { followReadBytes = n }(followReadBytes)
-	followReadBytes = 256 << 10 // the server's cap is 8 MiB; a 3 MB record then needs 12 reads
-	owner, follower, _, _ := openPair(t, "big")
+	// The server's cap is 8 MiB; with 256 KiB reads a 3 MB record needs 12 of them.
+	owner, follower, _, _ := openPairWith(t, "big", Options{followReadBytes: 256 << 10})
 	const rows = 1500 // 3 MB of incompressible blobs
 	mustExec(t, owner, `WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM c WHERE i < ?)
 		INSERT INTO t(v) SELECT randomblob(2000) FROM c`, rows)

@@ -34,6 +34,8 @@ type Options struct {
 	// It implies ReadOnly: it claims nothing and never writes the stream. FollowStatus
 	// (and Status) report how far it got and why it stopped, if it did.
 	Follow bool
+
+	followReadBytes int // how much one read of a follower asks for; 0: the server's cap (tests lower it)
 }
 
 // Open attaches the database at opts.Path to the stream at streamURL and returns it as a
@@ -62,7 +64,7 @@ func Open(streamURL string, opts Options) (*sql.DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	dsn := "file:" + (&url.URL{Path: path}).EscapedPath() + "?vfs=" + Name
+	dsn := "file:" + (&url.URL{Path: path}).EscapedPath() + "?vfs=" + vfsName
 	if opts.ReadOnly {
 		dsn += "&mode=ro"
 	}

@@ -10,8 +10,8 @@ import (
 	"github.com/ursula-go/ursula/sqlitewal"
 )
 
-// Name is the VFS name registered with ncruces/go-sqlite3.
-const Name = "ursula"
+// vfsName is the VFS name registered with ncruces/go-sqlite3.
+const vfsName = "ursula"
 
 var registerOnce sync.Once
 
@@ -21,7 +21,7 @@ type ursulaVFS struct{ os sqlvfs.VFSFilename }
 
 func register() {
 	registerOnce.Do(func() {
-		sqlvfs.Register(Name, ursulaVFS{os: sqlvfs.Find("os").(sqlvfs.VFSFilename)})
+		sqlvfs.Register(vfsName, ursulaVFS{os: sqlvfs.Find("os").(sqlvfs.VFSFilename)})
 	})
 }
 
