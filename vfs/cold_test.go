@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ursula-go/ursula/client"
+	"github.com/ursula-go/ursula/internal/racetest"
 	"github.com/ursula-go/ursula/replicator"
 	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/server/coldstore"
@@ -27,7 +28,7 @@ func TestDatabaseOnColdTier(t *testing.T) {
 		t.Skip("long run")
 	}
 	dbMB := 200
-	if raceEnabled {
+	if racetest.Enabled {
 		dbMB = 50
 	}
 	base, store := s3ColdServer(t, "vfs-cold", 1<<20)

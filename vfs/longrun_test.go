@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ursula-go/ursula/client"
+	"github.com/ursula-go/ursula/internal/racetest"
 	"github.com/ursula-go/ursula/replicator"
 	"github.com/ursula-go/ursula/streamcore"
 )
@@ -26,7 +27,7 @@ func TestSnapshotRetentionLongRun(t *testing.T) {
 		t.Skip("long run")
 	}
 	logTarget := uint64(100 << 20)
-	if raceEnabled {
+	if racetest.Enabled {
 		logTarget = 20 << 20
 	}
 	t.Setenv("URSULA_VFS_SNAPSHOT_MIN_BYTES", fmt.Sprint(2<<20))
