@@ -1,13 +1,3 @@
-// Command cextension is the loadable SQLite extension (bin/libursula_vfs.so, built with
-// -buildmode=c-shared): a thin C VFS over SQLite's unix VFS (shim.c) that hands the WAL
-// writes of attached databases to the binding-independent Go core (package vfs), and the
-// SQL functions ursula_attach, ursula_status, ursula_stats and ursula_set_token.
-//
-// The Go side answers at xOpen (is this file attached? which fence flag?), takes every
-// -wal write and truncate of an owner's database, and runs the SQL functions. Reads,
-// locks and shared memory never call Go: each attached database has a fence flag in C
-// memory that Go sets once the database is fenced or poisoned, and the C read path checks
-// only that flag.
 package main
 
 /*
@@ -32,16 +22,17 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/replicator"
+	"github.com/ursula-go/ursula/sqlitewal"
 	"github.com/ursula-go/ursula/streamcore"
-	"github.com/ursula-go/ursula/vfs"
 )
 
 func main() {}
 
 // dbState is one database attached through the extension.
 type dbState struct {
-	db       *vfs.Database
+	db       *sqlitewal.Database
 	path     string
 	fence    *C.int // C memory; never freed (an open file may still point at it)
 	opens    int    // open main and -wal handles of this attachment
@@ -71,7 +62,7 @@ func (st *dbState) watch() {
 // fileHandle is what a wrapped C file holds (as a cgo.Handle).
 type fileHandle struct {
 	st  *dbState
-	wal *vfs.WAL // owner -wal only
+	wal *sqlitewal.WAL // owner -wal only
 }
 
 var (
@@ -81,7 +72,7 @@ var (
 	failed   = map[string]string{} // path -> why its last attach failed (open is locked out)
 )
 
-// cWAL is the unix VFS's -wal file under the interception: vfs.WALFile over C.
+// cWAL is the unix VFS's -wal file under the interception: sqlitewal.WALFile over C.
 type cWAL struct{ f *C.sqlite3_file }
 
 func (w cWAL) ReadAt(p []byte, off int64) (int, error) {
@@ -200,7 +191,7 @@ func ursulaWalWrite(h C.uintptr_t, buf unsafe.Pointer, n C.int, off C.int64_t) (
 		// Fenced or poisoned: from now on the C read path refuses without asking Go.
 		C.ursula_flag_set(fh.st.fence, 1)
 	}
-	return writeCode(err)
+	return C.int(sqlitewal.ResultCode(err))
 }
 
 //export ursulaWalTruncate
@@ -209,43 +200,33 @@ func ursulaWalTruncate(h C.uintptr_t) {
 	fh.wal.Truncate()
 }
 
-// writeCode maps a failed -wal write to its SQLite code (checklist-vfs V): a refused or
-// fenced commit is SQLITE_IOERR_AUTH; anything else an I/O write error.
-func writeCode(err error) C.int {
-	// Same mapping as the pure-Go adapter (vfs.sqliteError).
-	if e, ok := replicator.AsError(err); ok && (e.Action == replicator.ActionRetry || e.Kind == replicator.KindTooLarge || e.Kind == replicator.KindFenced) {
-		return C.URSULA_IOERR_AUTH
-	}
-	return C.URSULA_IOERR_WRITE
-}
-
 // ---- SQL functions ----------------------------------------------------------------------
 
 var (
-	clientOnce sync.Once
-	client     *streamcore.Client
+	clientOnce   sync.Once
+	sharedClient *client.Client
 )
 
 // processClient is the one client every attach of this process uses, so that
 // ursula_set_token reaches all of them. It reads the same URSULA_VFS_* settings as the
 // replicator's default client.
-func processClient() *streamcore.Client {
+func processClient() *client.Client {
 	clientOnce.Do(func() {
-		tr := streamcore.NewTransport()
+		tr := client.NewTransport()
 		if ms, err := strconv.Atoi(os.Getenv("URSULA_VFS_IDLE_MS")); err == nil && ms > 0 {
 			tr.IdleConnTimeout = time.Duration(ms) * time.Millisecond
 		}
-		client, _ = streamcore.NewClient("", streamcore.WithHTTPClient(&http.Client{Transport: tr}),
-			streamcore.WithUserAgent("sqlite-ursula-vfs/ursula-go"))
+		sharedClient, _ = client.New("", client.WithHTTPClient(&http.Client{Transport: tr}),
+			client.WithUserAgent("sqlite-ursula-vfs/ursula-go"))
 		if p := os.Getenv("URSULA_VFS_TOKEN_FILE"); p != "" {
 			if b, err := os.ReadFile(p); err == nil {
-				client.SetToken(string(bytes.TrimSpace(b)))
+				sharedClient.SetToken(string(bytes.TrimSpace(b)))
 			} else {
 				logEvent("warn", "token_file_unreadable", "file=%q err=%q", p, err.Error())
 			}
 		}
 	})
-	return client
+	return sharedClient
 }
 
 // fnError formats an error as "<function>: <kind>: <message>" with its SQLite code.
@@ -258,7 +239,7 @@ func fnError(fn string, err error) (string, C.int) {
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()
 	}
-	var ce *streamcore.ClientError
+	var ce *client.Error
 	if errors.As(err, &ce) && e.Kind == replicator.KindNotApplied {
 		switch ce.Status {
 		case http.StatusPaymentRequired:
@@ -385,7 +366,7 @@ func attach(path, url string, readOnly bool) (uint64, error) {
 		return 0, setupErr(replicator.KindInUse, "%s is open in this process outside the ursula VFS (or was opened before ursula_attach): close it first", abs)
 	}
 
-	db, err := vfs.Attach(abs, url, vfs.AttachOptions{ReadOnly: readOnly, Client: processClient()})
+	db, err := sqlitewal.Attach(abs, url, sqlitewal.AttachOptions{ReadOnly: readOnly, Client: processClient()})
 	if err != nil {
 		if e, ok := replicator.AsError(err); !ok || !refusalChangesNothing(e.Kind) {
 			mu.Lock()

@@ -4,7 +4,7 @@
  *
  * Every file the ursula VFS opens is the unix VFS's file, wrapped. For files of a database
  * attached in this process (the Go side answers at xOpen, never later):
- *   - xWrite/xTruncate of the owner's -wal go to the Go core (vfs.WAL), which writes
+ *   - xWrite/xTruncate of the owner's -wal go to the Go core (sqlitewal.WAL), which writes
  *     through the unix file (ursula_real_write) and holds the commit frame until the
  *     server acknowledged the transaction;
  *   - xRead, locks and shared memory stay here: a read checks a per-database fence flag

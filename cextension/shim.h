@@ -23,7 +23,7 @@ typedef struct sqlite3_file sqlite3_file;
 #define URSULA_IOERR_WRITE 778
 #define URSULA_IOERR_AUTH 7178
 
-/* The real (unix) file's xRead/xWrite, for Go's vfs.WALFile. */
+/* The real (unix) file's xRead/xWrite, for Go's sqlitewal.WALFile. */
 int ursula_real_read(sqlite3_file *real, void *buf, int n, int64_t off);
 int ursula_real_write(sqlite3_file *real, const void *buf, int n, int64_t off);
 

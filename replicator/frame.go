@@ -31,9 +31,9 @@ func (k RecordKind) String() string {
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
 
-// MaxBodyBytes is the largest decompressed record body. EncodeCommit refuses a larger
+// maxBodyBytes is the largest decompressed record body. encodeCommit refuses a larger
 // commit and a record that declares more is damage.
-const MaxBodyBytes = 1 << 30
+const maxBodyBytes = 1 << 30
 
 const (
 	formatVersion      = 1
@@ -98,24 +98,24 @@ type Record struct {
 	End    uint64 // stream offset just past the record: the next record's Offset
 }
 
-// FrameError reports a damaged record: what is wrong with it and where it starts.
-type FrameError struct {
+// frameError reports a damaged record: what is wrong with it and where it starts.
+type frameError struct {
 	Offset uint64 // stream offset of the damaged record
 	Reason string
 }
 
-func (e *FrameError) Error() string {
+func (e *frameError) Error() string {
 	return fmt.Sprintf("ursula: damaged record at stream offset %d: %s", e.Offset, e.Reason)
 }
 
-// ErrBadSnapshot is wrapped by every error of DecodeSnapshot and ReadSnapshot about the
+// errBadSnapshot is wrapped by every error of decodeSnapshot and readSnapshot about the
 // blob's contents.
-var ErrBadSnapshot = errors.New("ursula: damaged snapshot")
+var errBadSnapshot = errors.New("ursula: damaged snapshot")
 
-// EncodeCommit returns the commit record of c: header and zstd-compressed body. It refuses
+// encodeCommit returns the commit record of c: header and zstd-compressed body. It refuses
 // a commit that breaks the format (page size, database size, page order and range, page
-// lengths, MaxBodyBytes) with an error that says what is wrong.
-func EncodeCommit(c *Commit) ([]byte, error) {
+// lengths, maxBodyBytes) with an error that says what is wrong.
+func encodeCommit(c *Commit) ([]byte, error) {
 	if c == nil {
 		return nil, errors.New("ursula: encode commit: nil commit")
 	}
@@ -133,8 +133,8 @@ func EncodeCommit(c *Commit) ([]byte, error) {
 	return seal(KindCommit, body), nil
 }
 
-// EncodeClaim returns the claim record of c.
-func EncodeClaim(c Claim) []byte {
+// encodeClaim returns the claim record of c.
+func encodeClaim(c Claim) []byte {
 	body := make([]byte, claimBodySize)
 	le.PutUint64(body, c.Epoch)
 	copy(body[8:], c.Nonce[:])
@@ -148,7 +148,7 @@ func EncodeClaim(c Claim) []byte {
 // b may end inside a record, since a read can stop anywhere: that is not an error, and
 // consumed stops at the last whole record. Damage (bad magic, unknown version or kind,
 // non-zero flags, a record over maxFrame, CRC mismatch, bad zstd, a body that breaks the
-// format) is a *FrameError naming the damaged record's offset; recs then holds the records
+// format) is a *frameError naming the damaged record's offset; recs then holds the records
 // before it, consumed ends where it starts, and nothing after it is decoded. A header cut
 // short is checked as far as it goes, so damage is reported without waiting for more bytes.
 func DecodeRecords(b []byte, base uint64, maxFrame int) (recs []Record, consumed int, err error) {
@@ -156,7 +156,7 @@ func DecodeRecords(b []byte, base uint64, maxFrame int) (recs []Record, consumed
 		rest := b[consumed:]
 		off := base + uint64(consumed)
 		if reason := checkHeader(rest[:min(len(rest), recordHeaderSize)], maxFrame); reason != "" {
-			return recs, consumed, &FrameError{Offset: off, Reason: reason}
+			return recs, consumed, &frameError{Offset: off, Reason: reason}
 		}
 		if len(rest) < recordHeaderSize {
 			break
@@ -167,11 +167,11 @@ func DecodeRecords(b []byte, base uint64, maxFrame int) (recs []Record, consumed
 		}
 		rec := rest[:size]
 		if got, want := checksum(rec[:12], rec[recordHeaderSize:]), le.Uint32(rec[12:]); got != want {
-			return recs, consumed, &FrameError{Offset: off, Reason: fmt.Sprintf("crc32c mismatch: computed %08x, header says %08x", got, want)}
+			return recs, consumed, &frameError{Offset: off, Reason: fmt.Sprintf("crc32c mismatch: computed %08x, header says %08x", got, want)}
 		}
 		r, err := decodeBody(RecordKind(rec[5]), rec[recordHeaderSize:])
 		if err != nil {
-			return recs, consumed, &FrameError{Offset: off, Reason: err.Error()}
+			return recs, consumed, &frameError{Offset: off, Reason: err.Error()}
 		}
 		r.Offset, r.End = off, off+size
 		recs = append(recs, r)
@@ -220,7 +220,7 @@ func EncodeSnapshot(h SnapshotHeader, image []byte) ([]byte, error) {
 // caller's to check, in its order.
 func parseSnapshotHeader(b []byte) (SnapshotHeader, error) {
 	bad := func(format string, args ...any) (SnapshotHeader, error) {
-		return SnapshotHeader{}, fmt.Errorf("%w: %s", ErrBadSnapshot, fmt.Sprintf(format, args...))
+		return SnapshotHeader{}, fmt.Errorf("%w: %s", errBadSnapshot, fmt.Sprintf(format, args...))
 	}
 	if [4]byte(b[:4]) != snapshotMagic {
 		return bad("bad magic %q", b[:4])
@@ -234,12 +234,12 @@ func parseSnapshotHeader(b []byte) (SnapshotHeader, error) {
 	return SnapshotHeader{PageSize: le.Uint32(b[8:]), DBPages: le.Uint32(b[12:]), Epoch: le.Uint64(b[16:]), Offset: le.Uint64(b[24:])}, nil
 }
 
-// DecodeSnapshot checks a snapshot blob and returns its header and database image. An image
+// decodeSnapshot checks a snapshot blob and returns its header and database image. An image
 // over maxImage bytes is refused before anything is decompressed. Damage is an error
-// wrapping ErrBadSnapshot.
-func DecodeSnapshot(b []byte, maxImage int) (SnapshotHeader, []byte, error) {
+// wrapping errBadSnapshot.
+func decodeSnapshot(b []byte, maxImage int) (SnapshotHeader, []byte, error) {
 	bad := func(format string, args ...any) (SnapshotHeader, []byte, error) {
-		return SnapshotHeader{}, nil, fmt.Errorf("%w: %s", ErrBadSnapshot, fmt.Sprintf(format, args...))
+		return SnapshotHeader{}, nil, fmt.Errorf("%w: %s", errBadSnapshot, fmt.Sprintf(format, args...))
 	}
 	if len(b) < snapshotHeaderSize {
 		return bad("%d bytes, shorter than the %d byte header", len(b), snapshotHeaderSize)
@@ -316,7 +316,7 @@ func decodeBody(kind RecordKind, payload []byte) (Record, error) {
 		copy(c.Nonce[:], body[8:])
 		return Record{Kind: kind, Claim: c}, nil
 	}
-	body, err := unzstd(payload, MaxBodyBytes)
+	body, err := unzstd(payload, maxBodyBytes)
 	if err != nil {
 		return Record{}, err
 	}
@@ -357,8 +357,8 @@ func (c *Commit) validate() error {
 	if len(c.Pages) == 0 {
 		return errors.New("no pages")
 	}
-	if size := c.bodySize(); size > MaxBodyBytes {
-		return fmt.Errorf("body of %d bytes is over the %d byte limit", size, MaxBodyBytes)
+	if size := c.bodySize(); size > maxBodyBytes {
+		return fmt.Errorf("body of %d bytes is over the %d byte limit", size, maxBodyBytes)
 	}
 	var prev uint32
 	for i, p := range c.Pages {

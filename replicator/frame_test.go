@@ -53,7 +53,7 @@ func testCommit(pageSize uint32, dbPages uint32, nos ...uint32) *Commit {
 
 func mustCommit(t testing.TB, c *Commit) []byte {
 	t.Helper()
-	b, err := EncodeCommit(c)
+	b, err := encodeCommit(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func TestRecordRoundTrip(t *testing.T) {
 	for i := range want {
 		var rec []byte
 		if want[i].Claim != nil {
-			rec = EncodeClaim(*want[i].Claim)
+			rec = encodeClaim(*want[i].Claim)
 		} else {
 			rec = mustCommit(t, want[i].Commit)
 		}
@@ -167,10 +167,10 @@ func TestEncodeCommitRefuses(t *testing.T) {
 		{"duplicate", &Commit{PageSize: 512, DBPages: 3, Pages: []Page{page(2, 512), page(2, 512)}}, "page 2 (#1) does not follow page 2"},
 		{"short page", &Commit{PageSize: 512, DBPages: 3, Pages: []Page{page(2, 511)}}, "page 2 is 511 bytes, want 512"},
 		{"long page", &Commit{PageSize: 512, DBPages: 3, Pages: []Page{page(2, 513)}}, "page 2 is 513 bytes, want 512"},
-		{"over MaxBodyBytes", &Commit{PageSize: 65536, DBPages: 1 << 20, Pages: make([]Page, 1<<14)}, "over the 1073741824 byte limit"},
+		{"over maxBodyBytes", &Commit{PageSize: 65536, DBPages: 1 << 20, Pages: make([]Page, 1<<14)}, "over the 1073741824 byte limit"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b, err := EncodeCommit(tc.c)
+			b, err := encodeCommit(tc.c)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got %d bytes, err %v; want an error containing %q", len(b), err, tc.want)
 			}
@@ -205,7 +205,7 @@ func TestDecodeDamage(t *testing.T) {
 		{"empty payload", rawRecord(1, 2, 0, nil), "bad zstd payload"},
 		{"zstd then garbage", rawRecord(1, 2, 0, append(encoder.EncodeAll(make([]byte, 24), nil), 1, 2, 3, 4, 5)), "bad zstd payload"},
 		{"zstd size lie", rawRecord(1, 1, 0, rawZstd(commitBody(512, 1, []uint32{1}, 512), 600)), "bad zstd payload"},
-		{"zstd size over limit", rawRecord(1, 1, 0, rawZstd(nil, MaxBodyBytes+1)), "body of 1073741825 bytes is over the 1073741824 byte limit"},
+		{"zstd size over limit", rawRecord(1, 1, 0, rawZstd(nil, maxBodyBytes+1)), "body of 1073741825 bytes is over the 1073741824 byte limit"},
 		{"zstd size beyond ratio", rawRecord(1, 1, 0, rawZstd(nil, 100<<20)), "cannot decode to the 104857600 it declares"},
 		{"zstd no size, long body", rawRecord(1, 1, 0, rawZstd(commitBody(512, 1, []uint32{1}, 512), -1)), "bad zstd payload"},
 		{"two frames", rawRecord(1, 1, 0, append(rawZstd(commitBody(512, 1, []uint32{1}, 512), 528), rawZstd(make([]byte, 100), -1)...)), "bad zstd payload"},
@@ -223,13 +223,13 @@ func TestDecodeDamage(t *testing.T) {
 		{"commit count lie", bodyRecord(KindCommit, le.AppendUint32(le.AppendUint32(le.AppendUint32(nil, 512), 1), ^uint32(0))), "commit body: 12 bytes, want"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			first := EncodeClaim(Claim{Epoch: 3})
+			first := encodeClaim(Claim{Epoch: 3})
 			const base = 500
-			stream := append(append(bytes.Clone(first), tc.rec...), EncodeClaim(Claim{Epoch: 4})...)
+			stream := append(append(bytes.Clone(first), tc.rec...), encodeClaim(Claim{Epoch: 4})...)
 			recs, consumed, err := DecodeRecords(stream, base, 64<<10)
-			var fe *FrameError
+			var fe *frameError
 			if !errors.As(err, &fe) {
-				t.Fatalf("err %v, want a *FrameError", err)
+				t.Fatalf("err %v, want a *frameError", err)
 			}
 			if fe.Offset != base+uint64(len(first)) || !strings.Contains(fe.Reason, tc.want) {
 				t.Fatalf("got %v; want offset %d and a reason containing %q", err, base+len(first), tc.want)
@@ -246,9 +246,9 @@ func TestDecodeTruncated(t *testing.T) {
 	var ends []int
 	for _, rec := range [][]byte{
 		mustCommit(t, testCommit(4096, 10, 1, 2, 7)),
-		EncodeClaim(Claim{Epoch: 2}),
+		encodeClaim(Claim{Epoch: 2}),
 		mustCommit(t, testCommit(4096, 10, 10)),
-		EncodeClaim(Claim{Epoch: 3}),
+		encodeClaim(Claim{Epoch: 3}),
 	} {
 		stream = append(stream, rec...)
 		ends = append(ends, len(stream))
@@ -271,7 +271,7 @@ func TestDecodeTruncated(t *testing.T) {
 
 // TestDecodeCutHeader: a header cut short is checked as far as it goes.
 func TestDecodeCutHeader(t *testing.T) {
-	claim := EncodeClaim(Claim{Epoch: 1})
+	claim := encodeClaim(Claim{Epoch: 1})
 	for _, tc := range []struct {
 		tail, want string
 	}{
@@ -287,7 +287,7 @@ func TestDecodeCutHeader(t *testing.T) {
 		if len(recs) != 1 || consumed != len(claim) {
 			t.Errorf("%q: %d records, consumed %d", tc.tail, len(recs), consumed)
 		}
-		var fe *FrameError
+		var fe *frameError
 		if tc.want == "" && err != nil || tc.want != "" && (!errors.As(err, &fe) || fe.Offset != uint64(len(claim)) || !strings.Contains(fe.Reason, tc.want)) {
 			t.Errorf("%q: err %v, want %q", tc.tail, err, tc.want)
 		}
@@ -308,7 +308,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		gh, gi, err := DecodeSnapshot(blob, len(image))
+		gh, gi, err := decodeSnapshot(blob, len(image))
 		if err != nil || gh != h || !bytes.Equal(gi, image) {
 			t.Fatalf("round trip of %+v: got %+v, %d bytes, err %v", h, gh, len(gi), err)
 		}
@@ -321,7 +321,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, gi, err := DecodeSnapshot(blob, len(zero)); err != nil || !bytes.Equal(gi, zero) {
+	if _, gi, err := decodeSnapshot(blob, len(zero)); err != nil || !bytes.Equal(gi, zero) {
 		t.Fatalf("zero image of %d bytes (%d compressed): err %v", len(zero), len(blob), err)
 	}
 }
@@ -378,9 +378,9 @@ func TestDecodeSnapshotDamage(t *testing.T) {
 		{"not zstd", reseal(append(bytes.Clone(good[:snapshotHeaderSize]), "nope, not zstd"...)), 1 << 20, "bad zstd payload"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, image, err := DecodeSnapshot(tc.blob, tc.maxImage)
-			if !errors.Is(err, ErrBadSnapshot) || !strings.Contains(err.Error(), tc.want) || image != nil {
-				t.Fatalf("err %v, image %d bytes; want ErrBadSnapshot containing %q", err, len(image), tc.want)
+			_, image, err := decodeSnapshot(tc.blob, tc.maxImage)
+			if !errors.Is(err, errBadSnapshot) || !strings.Contains(err.Error(), tc.want) || image != nil {
+				t.Fatalf("err %v, image %d bytes; want errBadSnapshot containing %q", err, len(image), tc.want)
 			}
 		})
 	}
@@ -394,7 +394,7 @@ func TestConcurrentCodec(t *testing.T) {
 		wg.Go(func() {
 			for i := range 20 {
 				c := testCommit(4096, 100, uint32(g+1), uint32(50+i))
-				rec, err := EncodeCommit(c)
+				rec, err := encodeCommit(c)
 				if err != nil {
 					t.Error(err)
 					return
@@ -414,11 +414,11 @@ func TestConcurrentCodec(t *testing.T) {
 // fixes every whole record's CRC (to reach zstd and the body checks), mode 2 frames them
 // as a compressed body (to reach the body checks with valid zstd).
 func FuzzDecodeRecords(f *testing.F) {
-	seed := append(mustCommit(f, testCommit(512, 4, 1, 3)), EncodeClaim(Claim{Epoch: 9, Nonce: [16]byte{1}})...)
+	seed := append(mustCommit(f, testCommit(512, 4, 1, 3)), encodeClaim(Claim{Epoch: 9, Nonce: [16]byte{1}})...)
 	for mode := range byte(3) {
 		f.Add(seed, mode)
 		f.Add(seed[:len(seed)-5], mode)
-		f.Add(EncodeClaim(Claim{Epoch: 1}), mode)
+		f.Add(encodeClaim(Claim{Epoch: 1}), mode)
 		f.Add(rawRecord(1, 1, 0, rawZstd(commitBody(512, 2, []uint32{1, 2}, 512), -1)), mode)
 	}
 	f.Add(commitBody(512, 2, []uint32{1, 2}, 512), byte(2))
@@ -465,7 +465,7 @@ func checkDecode(t *testing.T, b []byte) {
 		at = r.End
 		switch {
 		case r.Kind == KindCommit && r.Commit != nil && r.Claim == nil:
-			rec, err := EncodeCommit(r.Commit)
+			rec, err := encodeCommit(r.Commit)
 			if err != nil {
 				t.Fatalf("decoded commit does not encode: %v", err)
 			}
@@ -474,7 +474,7 @@ func checkDecode(t *testing.T, b []byte) {
 				t.Fatalf("re-encoded commit decodes differently (err %v)", err)
 			}
 		case r.Kind == KindClaim && r.Claim != nil && r.Commit == nil:
-			again, _, err := DecodeRecords(EncodeClaim(*r.Claim), 0, 0)
+			again, _, err := DecodeRecords(encodeClaim(*r.Claim), 0, 0)
 			if err != nil || len(again) != 1 || *again[0].Claim != *r.Claim {
 				t.Fatalf("re-encoded claim decodes differently (err %v)", err)
 			}
@@ -486,9 +486,9 @@ func checkDecode(t *testing.T, b []byte) {
 		t.Fatalf("records end at %d, consumed says %d", at, base+consumed)
 	}
 	if err != nil {
-		var fe *FrameError
+		var fe *frameError
 		if !errors.As(err, &fe) || fe.Offset != at {
-			t.Fatalf("error %v: want a *FrameError at %d, just after the last record", err, at)
+			t.Fatalf("error %v: want a *frameError at %d, just after the last record", err, at)
 		}
 	}
 }
@@ -508,9 +508,9 @@ func FuzzDecodeSnapshot(f *testing.F) {
 			le.PutUint32(b[36:], uint32(len(b)-snapshotHeaderSize))
 			le.PutUint32(b[32:], checksum(b[:32], b[snapshotHeaderSize:]))
 		}
-		h, image, err := DecodeSnapshot(b, 1<<22)
+		h, image, err := decodeSnapshot(b, 1<<22)
 		if err != nil {
-			if !errors.Is(err, ErrBadSnapshot) || image != nil {
+			if !errors.Is(err, errBadSnapshot) || image != nil {
 				t.Fatalf("err %v with %d image bytes", err, len(image))
 			}
 			return
@@ -522,7 +522,7 @@ func FuzzDecodeSnapshot(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h2, image2, err := DecodeSnapshot(blob, 1<<22)
+		h2, image2, err := decodeSnapshot(blob, 1<<22)
 		if err != nil || h2 != h || !bytes.Equal(image2, image) {
 			t.Fatalf("re-encoded snapshot decodes differently (err %v)", err)
 		}
@@ -539,7 +539,7 @@ func BenchmarkEncodeCommit(b *testing.B) {
 	b.SetBytes(int64(len(c.Pages)) * int64(c.PageSize))
 	var n int
 	for b.Loop() {
-		rec, err := EncodeCommit(c)
+		rec, err := encodeCommit(c)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -3,6 +3,7 @@ package replicator
 import (
 	"context"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -19,7 +20,7 @@ type logWindow struct {
 // fetchLog reads [from, to) of the stream. next returns the windows in order (nil, nil
 // after the last); stop cancels what is in flight. A window answered short is completed
 // by further reads of its own range.
-func fetchLog(ctx context.Context, c *streamcore.Client, url string, from, to uint64) (next func() ([]byte, error), stop func()) {
+func fetchLog(ctx context.Context, c *client.Client, url string, from, to uint64) (next func() ([]byte, error), stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	queue := make(chan chan logWindow, logInFlight-1)
 	go func() {
@@ -35,7 +36,7 @@ func fetchLog(ctx context.Context, c *streamcore.Client, url string, from, to ui
 			go func() {
 				var buf []byte
 				for pos := lo; pos < hi; {
-					rr, err := c.Read(ctx, url, streamcore.ReadOptions{Offset: streamcore.FormatOffset(pos), MaxBytes: int(hi - pos)})
+					rr, err := c.Read(ctx, url, client.ReadOptions{Offset: streamcore.FormatOffset(pos), MaxBytes: int(hi - pos)})
 					if err != nil {
 						ch <- logWindow{err: err}
 						return

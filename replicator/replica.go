@@ -16,17 +16,19 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ursula-go/ursula/client"
+	"github.com/ursula-go/ursula/replicator/internal/sidecar"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
-// ProducerID is the one Producer-Id every owner of a database uses, so a newer claim
+// producerID is the one Producer-Id every owner of a database uses, so a newer claim
 // (a higher epoch) fences every older owner with 403.
-const ProducerID = "ursula-sqlite"
+const producerID = "ursula-sqlite"
 
 // Options configure a replica. Zero values take the URSULA_VFS_* environment variables,
 // then the defaults.
 type Options struct {
-	Client        *streamcore.Client
+	Client        *client.Client
 	RetryBudget   time.Duration // URSULA_VFS_RETRY_MS, default 30 s
 	AttemptLimit  time.Duration // per append attempt, default 10 s
 	MaxFrameBytes int           // URSULA_VFS_MAX_FRAME_BYTES, default 32 MiB
@@ -42,6 +44,10 @@ type Options struct {
 
 	tokenFile string // URSULA_VFS_TOKEN_FILE, re-read on every 401
 	tokenSeen uint64 // tokenVersion last applied
+
+	// Set by this package's tests only; zero takes the default.
+	statsCap          int           // measurements kept per kind between drains (defaultStatsCap)
+	outagePullForward time.Duration // see defaultOutagePullForward
 }
 
 // reloadToken reads the token file again. An empty, missing or unreadable file keeps the
@@ -107,14 +113,20 @@ func (o *Options) defaults() error {
 	if o.Log == nil {
 		o.Log = os.Stderr
 	}
+	if o.statsCap == 0 {
+		o.statsCap = defaultStatsCap
+	}
+	if o.outagePullForward == 0 {
+		o.outagePullForward = defaultOutagePullForward
+	}
 	if o.Client == nil {
-		tr := streamcore.NewTransport()
+		tr := client.NewTransport()
 		tr.IdleConnTimeout = 90 * time.Second // URSULA_VFS_IDLE_MS; 0 disables reuse
 		if v, err := strconv.Atoi(os.Getenv("URSULA_VFS_IDLE_MS")); err == nil && v >= 0 {
 			tr.IdleConnTimeout = time.Duration(v) * time.Millisecond
 			tr.DisableKeepAlives = v == 0
 		}
-		c, err := streamcore.NewClient("", streamcore.WithHTTPClient(&http.Client{Transport: tr}))
+		c, err := client.New("", client.WithHTTPClient(&http.Client{Transport: tr}))
 		if err != nil {
 			return err
 		}
@@ -209,7 +221,7 @@ func Attach(ctx context.Context, streamURL, path string, opts Options) (*Replica
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	sc, scErr := ReadSidecar(path)
+	sc, scErr := sidecar.Read(path)
 	hasData := fileHasData(path)
 	switch {
 	case sc == nil && scErr == nil && hasData:
@@ -223,21 +235,21 @@ func Attach(ctx context.Context, streamURL, path string, opts Options) (*Replica
 	c := opts.Client
 	info, err := c.Head(ctx, streamURL)
 	if err != nil {
-		var ce *streamcore.ClientError
+		var ce *client.Error
 		if !errors.As(err, &ce) || ce.Status != http.StatusNotFound {
 			return nil, classifyRead(err, "HEAD of the stream")
 		}
 		if hasData {
 			return nil, newError(KindNotFound, ActionFix, nil, "the stream does not exist but %s holds data; refusing to replace either (delete the file to start over from an empty stream)", path)
 		}
-		if _, err := c.Create(ctx, streamURL, streamcore.CreateOptions{ContentType: "application/octet-stream"}); err != nil {
+		if _, err := c.Create(ctx, streamURL, client.CreateOptions{ContentType: "application/octet-stream"}); err != nil {
 			return nil, classifyRead(err, "creating the stream")
 		}
 		if info, err = c.Head(ctx, streamURL); err != nil {
 			return nil, classifyRead(err, "HEAD of the new stream")
 		}
 	}
-	r := &Replica{url: streamURL, path: path, opts: opts, incarnation: info.Incarnation}
+	r := &Replica{url: streamURL, path: path, opts: opts, incarnation: info.Incarnation, stats: statsBuf{cap: opts.statsCap}}
 	img, why := resume(ctx, r, sc, scErr, info)
 	if img == nil {
 		if sc != nil || scErr != nil || hasData {
@@ -266,7 +278,7 @@ func Attach(ctx context.Context, streamURL, path string, opts Options) (*Replica
 
 // resume brings the local files up to the stream's tail when the sidecar allows it, and
 // says why not otherwise (nil image).
-func resume(ctx context.Context, r *Replica, sc *Sidecar, scErr error, info *streamcore.StreamInfo) (*Image, string) {
+func resume(ctx context.Context, r *Replica, sc *sidecar.File, scErr error, info *client.StreamInfo) (*Image, string) {
 	tail, _ := streamcore.ParseOffset(info.NextOffset)
 	retained, _ := streamcore.ParseOffset(info.RetainedOffset)
 	switch {
@@ -274,18 +286,18 @@ func resume(ctx context.Context, r *Replica, sc *Sidecar, scErr error, info *str
 		return nil, scErr.Error()
 	case sc == nil:
 		return nil, "no sidecar"
-	case sc.BootID == "" || sc.BootID != BootID():
+	case sc.BootID == "" || sc.BootID != sidecar.BootID():
 		return nil, "written on another boot"
 	case sc.Incarnation != info.Incarnation:
 		return nil, "the stream was recreated (new incarnation)"
-	case sc.Inode != inode(r.path):
+	case sc.Inode != sidecar.Inode(r.path):
 		return nil, "the database file was replaced"
 	case sc.Offset > tail:
 		return nil, fmt.Sprintf("the sidecar offset %d is past the stream tail %d", sc.Offset, tail)
 	case sc.Offset < retained:
 		return nil, fmt.Sprintf("the sidecar offset %d is below retention %d", sc.Offset, retained)
 	}
-	if _, err := FoldWAL(r.path); err != nil {
+	if _, err := foldWAL(r.path); err != nil {
 		return nil, "folding the local WAL: " + err.Error()
 	}
 	f, err := os.OpenFile(r.path, os.O_RDWR, 0)
@@ -329,10 +341,10 @@ func fileHasData(path string) bool {
 // always reflected locally once the commit that produced it returned.
 func (r *Replica) SaveState() error {
 	r.mu.Lock()
-	sc := &Sidecar{URL: r.url, Incarnation: r.incarnation, Offset: r.tail, Epoch: r.epoch}
+	sc := &sidecar.File{URL: r.url, Incarnation: r.incarnation, Offset: r.tail, Epoch: r.epoch}
 	r.mu.Unlock()
-	sc.BootID, sc.Inode = BootID(), inode(r.path)
-	return WriteSidecar(r.path, sc)
+	sc.BootID, sc.Inode = sidecar.BootID(), sidecar.Inode(r.path)
+	return sidecar.Write(r.path, sc)
 }
 
 // claim appends a claim record at epoch and verifies it by reading it back: a 2xx alone
@@ -341,14 +353,14 @@ func (r *Replica) claim(ctx context.Context, epoch uint64) error {
 	var cl Claim
 	cl.Epoch = epoch
 	rand.Read(cl.Nonce[:])
-	body := EncodeClaim(cl)
-	wr, err := r.opts.Client.Append(ctx, r.url, body, streamcore.AppendOptions{
+	body := encodeClaim(cl)
+	wr, err := r.opts.Client.Append(ctx, r.url, body, client.AppendOptions{
 		ContentType: "application/octet-stream",
-		Producer:    &streamcore.ProducerKey{ID: ProducerID, Epoch: epoch, Seq: 0},
+		Producer:    &client.ProducerKey{ID: producerID, Epoch: epoch, Seq: 0},
 		StreamSeq:   streamcore.FormatOffset(r.tail),
 	})
 	if err != nil {
-		var ce *streamcore.ClientError
+		var ce *client.Error
 		if errors.As(err, &ce) && (ce.Status == http.StatusForbidden || ce.Status == http.StatusConflict) {
 			return newError(KindFenced, ActionReattach, err, "another owner claimed the stream while attaching")
 		}
@@ -356,7 +368,7 @@ func (r *Replica) claim(ctx context.Context, epoch uint64) error {
 	}
 	start, _ := streamcore.ParseOffset(wr.Offset)
 	end, _ := streamcore.ParseOffset(wr.NextOffset)
-	rr, err := r.opts.Client.Read(ctx, r.url, streamcore.ReadOptions{Offset: wr.Offset, MaxBytes: int(end - start)})
+	rr, err := r.opts.Client.Read(ctx, r.url, client.ReadOptions{Offset: wr.Offset, MaxBytes: int(end - start)})
 	if err != nil {
 		return classifyRead(err, "reading the claim back")
 	}
@@ -385,7 +397,7 @@ func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 	if err := r.usable(); err != nil {
 		return err
 	}
-	body, err := EncodeCommit(cm)
+	body, err := encodeCommit(cm)
 	if err != nil {
 		return newError(KindUnsupported, ActionFix, err, "encoding the commit")
 	}
@@ -396,15 +408,15 @@ func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 		// r.tail is reflected locally (the previous commit's write-back is done), so a
 		// crash resumes from here at worst.
 		r.savedAt = time.Now()
-		sc := &Sidecar{URL: r.url, Incarnation: r.incarnation, Offset: r.tail, Epoch: r.epoch, BootID: BootID(), Inode: inode(r.path)}
-		if err := WriteSidecar(r.path, sc); err != nil {
+		sc := &sidecar.File{URL: r.url, Incarnation: r.incarnation, Offset: r.tail, Epoch: r.epoch, BootID: sidecar.BootID(), Inode: sidecar.Inode(r.path)}
+		if err := sidecar.Write(r.path, sc); err != nil {
 			r.logf("sidecar_failed", "err=%q", err.Error())
 		}
 	}
 	seq := r.seq + 1
-	opts := streamcore.AppendOptions{
+	opts := client.AppendOptions{
 		ContentType: "application/octet-stream",
-		Producer:    &streamcore.ProducerKey{ID: ProducerID, Epoch: r.epoch, Seq: seq},
+		Producer:    &client.ProducerKey{ID: producerID, Epoch: r.epoch, Seq: seq},
 		StreamSeq:   streamcore.FormatOffset(r.tail),
 	}
 	deadline := time.Now().Add(r.opts.RetryBudget)
@@ -460,7 +472,7 @@ func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 			}
 		}
 		wait := backoff
-		var ce *streamcore.ClientError
+		var ce *client.Error
 		if errors.As(err, &ce) && ce.RetryAfter > 0 {
 			wait = max(wait, ce.RetryAfter)
 		}
@@ -506,7 +518,7 @@ type commitVerdict struct {
 // classifyCommit sorts one append attempt's failure by checklist-vfs J: only a few
 // answers prove that nothing was applied; a redirect or an unmarked 5xx proves nothing.
 func classifyCommit(err error) commitVerdict {
-	var ce *streamcore.ClientError
+	var ce *client.Error
 	if !errors.As(err, &ce) {
 		return commitVerdict{stepRetryUnknown, KindOutcomeUnknown, err.Error()}
 	}
@@ -519,7 +531,7 @@ func classifyCommit(err error) commitVerdict {
 		reason = reason[:256] + "..."
 	}
 	switch st := ce.Status; {
-	case st == 0 && ce.Outcome == streamcore.NotApplied:
+	case st == 0 && ce.Outcome == client.NotApplied:
 		return commitVerdict{stepRetryRefused, KindUnreachable, "never sent: " + reason}
 	case st == 0:
 		return commitVerdict{stepRetryUnknown, KindOutcomeUnknown, "no answer: " + reason}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -35,7 +36,7 @@ const readChunk = streamcore.MaxReadBytes
 // snapshot it chose is superseded before it is read (404 SNAPSHOT_NOT_FOUND) or retention
 // passes the offset it is replaying from (410), it starts over from a new HEAD (at most
 // restoreAttempts times).
-func Restore(ctx context.Context, c *streamcore.Client, url, dst string, at uint64, maxFrame int, progress Progress) (*Image, error) {
+func Restore(ctx context.Context, c *client.Client, url, dst string, at uint64, maxFrame int, progress Progress) (*Image, error) {
 	tmp := dst + ".ursula-restore"
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
@@ -96,23 +97,23 @@ const restoreAttempts = 3
 // superseded reports a read that failed because the stream's snapshot or retention moved
 // on since the HEAD the rebuild started from.
 func superseded(err error) bool {
-	var ce *streamcore.ClientError
+	var ce *client.Error
 	if !errors.As(err, &ce) {
 		return false
 	}
 	return ce.Status == http.StatusNotFound && ce.Code == streamcore.CodeSnapshotNotFound || ce.Status == http.StatusGone
 }
 
-// MaxSnapshotImage is the largest database image a snapshot may hold. A rebuild streams
-// the snapshot into the file (ReadSnapshot) and allocates nothing of the image's size, so
-// the bound that matters on the wire is the compressed body (MaxSnapshotBody, the server's
+// maxSnapshotImage is the largest database image a snapshot may hold. A rebuild streams
+// the snapshot into the file (readSnapshot) and allocates nothing of the image's size, so
+// the bound that matters on the wire is the compressed body (maxSnapshotBody, the server's
 // 1 GiB); this one only refuses a declared size no database of ours reaches (64 GiB).
-const MaxSnapshotImage = 64 << 30
+const maxSnapshotImage = 64 << 30
 
 // rebuild writes into f (empty) the stream as of target: the latest snapshot if it is at
 // or below target (info is a HEAD of the stream), then the records up to target. It
 // returns the size of the snapshot body it installed (0: none).
-func rebuild(ctx context.Context, c *streamcore.Client, url string, f *os.File, img *Image, info *streamcore.StreamInfo, target uint64, maxFrame int, progress Progress) (int, error) {
+func rebuild(ctx context.Context, c *client.Client, url string, f *os.File, img *Image, info *client.StreamInfo, target uint64, maxFrame int, progress Progress) (int, error) {
 	retained, _ := streamcore.ParseOffset(info.RetainedOffset)
 	from, installed := uint64(0), 0
 	if info.SnapshotOffset != "" {
@@ -122,13 +123,13 @@ func rebuild(ctx context.Context, c *streamcore.Client, url string, f *os.File, 
 			if err != nil {
 				return 0, classifyRead(err, "snapshot read")
 			}
-			h, n, err := ReadSnapshot(body, f, MaxSnapshotBody, MaxSnapshotImage)
+			h, n, err := readSnapshot(body, f, maxSnapshotBody, maxSnapshotImage)
 			body.Close()
-			if errors.Is(err, ErrBadSnapshot) {
+			if errors.Is(err, errBadSnapshot) {
 				return 0, newError(KindDamaged, ActionStop, err, "snapshot at %d", snapOff)
 			}
 			if err != nil {
-				if _, ok := err.(*streamcore.ClientError); ok {
+				if _, ok := err.(*client.Error); ok {
 					return 0, classifyRead(err, "snapshot read")
 				}
 				return 0, err // the file
@@ -150,12 +151,12 @@ func rebuild(ctx context.Context, c *streamcore.Client, url string, f *os.File, 
 // catchUp continues an image file that reflects the stream up to img.Tail with the records
 // in [img.Tail, to). On error the file may hold records past img.Tail; replaying them again
 // is harmless (page images: the last write wins) but callers simply start over.
-func catchUp(ctx context.Context, c *streamcore.Client, url string, f *os.File, img *Image, to uint64, maxFrame int) error {
+func catchUp(ctx context.Context, c *client.Client, url string, f *os.File, img *Image, to uint64, maxFrame int) error {
 	return replay(ctx, c, url, f, img, img.Tail, to, maxFrame, nil)
 }
 
 // replay applies the records in [from, to) to f.
-func replay(ctx context.Context, c *streamcore.Client, url string, f *os.File, img *Image, from, to uint64, maxFrame int, progress Progress) error {
+func replay(ctx context.Context, c *client.Client, url string, f *os.File, img *Image, from, to uint64, maxFrame int, progress Progress) error {
 	if from >= to {
 		img.Tail = from
 		return nil
@@ -233,8 +234,8 @@ func apply(f *os.File, img *Image, r Record) error {
 
 // classifyRead turns a client error of a read into a typed error.
 func classifyRead(err error, what string) error {
-	var ce *streamcore.ClientError
-	if e, ok := err.(*streamcore.ClientError); ok {
+	var ce *client.Error
+	if e, ok := err.(*client.Error); ok {
 		ce = e
 	}
 	if ce != nil && ce.Status == http.StatusNotFound {

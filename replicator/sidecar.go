@@ -1,102 +1,18 @@
 package replicator
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
-	"fmt"
 	"os"
-	"sync"
-	"syscall"
+
+	"github.com/ursula-go/ursula/replicator/internal/sidecar"
 )
 
-// sidecarFormat versions the sidecar file; any other value means "do not trust it".
-const sidecarFormat = 1
-
-// Sidecar is the file <db>-ursula beside an attached database: what the local files
-// reflect, and the facts that decide whether they can be trusted after a restart. It is
-// replaced atomically (write to a temporary file, rename) and never fsynced: a power loss
-// changes the boot id, and a new boot rebuilds from the stream anyway.
-type Sidecar struct {
-	Format      int    `json:"format"`
-	URL         string `json:"url"`         // the stream URL exactly as attached
-	Incarnation string `json:"incarnation"` // Stream-Incarnation of the stream
-	Offset      uint64 `json:"offset"`      // the local files reflect at least the stream up to here
-	Epoch       uint64 `json:"epoch"`       // the epoch this owner claimed (0: read-only)
-	BootID      string `json:"boot_id"`     // /proc/sys/kernel/random/boot_id when written
-	Inode       uint64 `json:"inode"`       // inode of the database file
-}
-
-// SidecarPath is where the sidecar of the database at path lives.
-func SidecarPath(path string) string { return path + "-ursula" }
-
-// ReadSidecar reads the sidecar of path. A missing sidecar is (nil, nil); an unreadable
-// or damaged one is an error.
-func ReadSidecar(path string) (*Sidecar, error) {
-	b, err := os.ReadFile(SidecarPath(path))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var sc Sidecar
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&sc); err != nil {
-		return nil, fmt.Errorf("sidecar %s is damaged: %w", SidecarPath(path), err)
-	}
-	if sc.Format != sidecarFormat {
-		return nil, fmt.Errorf("sidecar %s has format %d, this build writes %d", SidecarPath(path), sc.Format, sidecarFormat)
-	}
-	return &sc, nil
-}
-
-// WriteSidecar replaces the sidecar of path atomically.
-func WriteSidecar(path string, sc *Sidecar) error {
-	sc.Format = sidecarFormat
-	b, err := json.Marshal(sc)
-	if err != nil {
-		return err
-	}
-	tmp := SidecarPath(path) + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, SidecarPath(path))
-}
-
-// BootID is the kernel's boot id: it changes on every boot, so a sidecar written on
-// another boot (a reboot, a power loss, another host) is never resumed from.
-func BootID() string {
-	bootOnce.Do(func() {
-		if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
-			bootID = string(bytes.TrimSpace(b))
-		} // else "": never resume
-	})
-	return bootID
-}
-
-var (
-	bootOnce sync.Once
-	bootID   string
-)
-
-// inode of the file at path (0 when it does not exist).
-func inode(path string) uint64 {
-	st, err := os.Stat(path)
-	if err != nil {
-		return 0
-	}
-	if s, ok := st.Sys().(*syscall.Stat_t); ok {
-		return s.Ino
-	}
-	return 0
-}
+// SidecarPath is where the sidecar of the database at path lives: a file there means the
+// database is replicated, and opens only once it is attached.
+func SidecarPath(path string) string { return sidecar.Path(path) }
 
 // removeLocal removes the local files of the database at path: db, -wal, -shm, sidecar.
 func removeLocal(path string) {
-	for _, p := range []string{path, path + "-wal", path + "-shm", SidecarPath(path)} {
+	for _, p := range []string{path, path + "-wal", path + "-shm", sidecar.Path(path)} {
 		os.Remove(p)
 	}
 }

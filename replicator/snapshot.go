@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -31,8 +32,8 @@ import (
 // commit path or holds the replica's lock for longer than copying a few fields.
 
 const (
-	// ShadowSuffix names the shadow image beside the database file.
-	ShadowSuffix = "-ursula-snap"
+	// shadowSuffix names the shadow image beside the database file.
+	shadowSuffix = "-ursula-snap"
 
 	snapshotContentType = "application/octet-stream"
 	backoffFirst        = 100 * time.Millisecond
@@ -41,9 +42,10 @@ const (
 	sizeClassMin        = 1 << 20 // a failure is "size" only for bodies over 1 MiB (P137)
 )
 
-// outagePullForward: the first successful commit after an outage brings the next attempt
-// forward to within this (P141). A variable for tests.
-var outagePullForward = 30 * time.Second
+// defaultOutagePullForward: the first successful commit after an outage brings the next
+// attempt forward to within this, whatever Retry-After the outage asked for: the commit
+// shows the server is back (Options.outagePullForward lowers it in tests).
+const defaultOutagePullForward = 30 * time.Second
 
 // Failure kinds of a snapshot attempt (checklist P137-139).
 const (
@@ -55,7 +57,7 @@ const (
 // errRefused aborts a cycle because writes are refused; it is not a failure (P144).
 var errRefused = errors.New("writes are refused")
 
-// errImageTooLarge: the database image is over MaxSnapshotImage.
+// errImageTooLarge: the database image is over maxSnapshotImage.
 var errImageTooLarge = errors.New("database image is over the snapshot limit")
 
 type snapshotter struct {
@@ -107,12 +109,12 @@ func (r *Replica) snapView() snapView {
 
 // startSnapshots starts the snapshot goroutine of a replica that just attached; img is
 // what the attach rebuilt or resumed, info the HEAD it made. A new attach has no backoff.
-func (r *Replica) startSnapshots(img *Image, info *streamcore.StreamInfo) {
+func (r *Replica) startSnapshots(img *Image, info *client.StreamInfo) {
 	r.dbBytes = uint64(img.DBPages) * uint64(img.PageSize)
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &snapshotter{
 		r: r, kick: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}),
-		shadowPath: r.path + ShadowSuffix, snapOff: -1, bodyBytes: -1, maxReqBytes: -1, maxSnapBytes: -1,
+		shadowPath: r.path + shadowSuffix, snapOff: -1, bodyBytes: -1, maxReqBytes: -1, maxSnapBytes: -1,
 	}
 	s.noteHead(info)
 	if info != nil {
@@ -188,9 +190,9 @@ func (s *snapshotter) committedDuringBackoff() {
 	case s.failDBBytes > 0 && v.dbBytes < s.failDBBytes-s.failDBBytes/4:
 		// The database shrank by more than a quarter since the failure (VACUUM): P140.
 		s.notBefore = time.Time{}
-	case s.lastKind == FailOutage && !s.pulled && time.Until(s.notBefore) > outagePullForward:
+	case s.lastKind == FailOutage && !s.pulled && time.Until(s.notBefore) > s.r.opts.outagePullForward:
 		// The first successful commit after an outage: P141.
-		s.notBefore = time.Now().Add(outagePullForward)
+		s.notBefore = time.Now().Add(s.r.opts.outagePullForward)
 		s.pulled = true
 	}
 }
@@ -306,7 +308,7 @@ func (s *snapshotter) build(ctx context.Context, target uint64) (*snapBlob, uint
 		}
 		img := &Image{}
 		installed, err := rebuild(ctx, c, s.r.url, f, img, info, target, maxFrame, nil)
-		if retained, _ := streamcore.ParseOffset(info.RetainedOffset); errors.Is(err, ErrBadSnapshot) && retained == 0 {
+		if retained, _ := streamcore.ParseOffset(info.RetainedOffset); errors.Is(err, errBadSnapshot) && retained == 0 {
 			// The latest snapshot is not one this version can read (damaged, or another
 			// writer's): the whole stream is still there, so build the shadow without it
 			// instead of failing every attempt. Retention never moves to it (not verified).
@@ -339,8 +341,8 @@ func (s *snapshotter) build(ctx context.Context, target uint64) (*snapBlob, uint
 		return nil, 0, fmt.Errorf("the stream up to %d holds no commit", img.Tail)
 	}
 	size := uint64(img.DBPages) * uint64(img.PageSize)
-	if size > MaxSnapshotImage {
-		return nil, 0, fmt.Errorf("%w: %d bytes, limit %d", errImageTooLarge, size, MaxSnapshotImage)
+	if size > maxSnapshotImage {
+		return nil, 0, fmt.Errorf("%w: %d bytes, limit %d", errImageTooLarge, size, maxSnapshotImage)
 	}
 	blob, err := s.writeBlob(SnapshotHeader{PageSize: img.PageSize, DBPages: img.DBPages, Epoch: img.Epoch, Offset: img.Tail}, int64(size))
 	if err != nil {
@@ -376,7 +378,7 @@ func (s *snapshotter) classify(ctx context.Context, err error, bodyLen int) (str
 	if errors.Is(err, errImageTooLarge) || errors.Is(err, errSnapshotTooLarge) {
 		return FailSize, 0
 	}
-	var ce *streamcore.ClientError
+	var ce *client.Error
 	errors.As(err, &ce)
 	if ce != nil && ce.Status == http.StatusServiceUnavailable && (ce.RetryAfter > 0 || ce.NotApplied != "") {
 		return FailOutage, ce.RetryAfter

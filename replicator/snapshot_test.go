@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/ursula-go/ursula/engine"
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/streamcore"
 )
@@ -166,7 +167,7 @@ func snapAttach(t *testing.T, url string, opts Options) (*Replica, string, *logB
 		opts.SnapshotMinBytes = 64 << 10
 	}
 	if opts.Client == nil {
-		c, err := streamcore.NewClient("")
+		c, err := client.New("")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -262,7 +263,7 @@ func TestSnapshotCycle(t *testing.T) {
 	if st.SnapshotDueBytes != 32*snapPage || st.LogBytes != st.Offset || st.Snapshot != "-1" {
 		t.Fatalf("status before the first snapshot: %+v", st)
 	}
-	if _, err := os.Stat(path + ShadowSuffix); !os.IsNotExist(err) {
+	if _, err := os.Stat(path + shadowSuffix); !os.IsNotExist(err) {
 		t.Fatalf("shadow image exists before a snapshot is due: %v", err)
 	}
 	// The model against a Restore by full replay (no snapshot exists yet): it is the
@@ -297,7 +298,7 @@ func TestSnapshotCycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, image, err := DecodeSnapshot(sr.Data, MaxSnapshotImage)
+	h, image, err := decodeSnapshot(sr.Data, maxSnapshotImage)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,11 +327,11 @@ func TestSnapshotCycle(t *testing.T) {
 	if err != nil || parseOff(t, info.RetainedOffset) != x1 || parseOff(t, info.SnapshotOffset) != x2 {
 		t.Fatalf("after the second snapshot: HEAD retained %q snapshot %q (err %v), want %d and %d", info.RetainedOffset, info.SnapshotOffset, err, x1, x2)
 	}
-	var ce *streamcore.ClientError
-	if _, err := c.Read(ctx, url, streamcore.ReadOptions{Offset: streamcore.FormatOffset(0)}); !errors.As(err, &ce) || ce.Status != http.StatusGone {
+	var ce *client.Error
+	if _, err := c.Read(ctx, url, client.ReadOptions{Offset: streamcore.FormatOffset(0)}); !errors.As(err, &ce) || ce.Status != http.StatusGone {
 		t.Fatalf("read below retention: %v, want 410", err)
 	}
-	if _, err := c.Read(ctx, url, streamcore.ReadOptions{Offset: streamcore.FormatOffset(x1), MaxBytes: 1}); err != nil {
+	if _, err := c.Read(ctx, url, client.ReadOptions{Offset: streamcore.FormatOffset(x1), MaxBytes: 1}); err != nil {
 		t.Fatalf("read at retention: %v", err)
 	}
 
@@ -367,11 +368,11 @@ func TestSnapshotCycle(t *testing.T) {
 	}
 
 	// Close stops the goroutine and removes the shadow image.
-	if _, err := os.Stat(path + ShadowSuffix); err != nil {
+	if _, err := os.Stat(path + shadowSuffix); err != nil {
 		t.Fatalf("shadow image while attached: %v", err)
 	}
 	r.Close()
-	if _, err := os.Stat(path + ShadowSuffix); !os.IsNotExist(err) {
+	if _, err := os.Stat(path + shadowSuffix); !os.IsNotExist(err) {
 		t.Fatalf("shadow image after Close: %v", err)
 	}
 }
@@ -629,12 +630,12 @@ func TestSnapshotBackoffAndClassify(t *testing.T) {
 
 	base := snapServer(t, nil)
 	url := base + "/snap/classify"
-	c, _ := streamcore.NewClient("")
-	if _, err := c.Create(context.Background(), url, streamcore.CreateOptions{}); err != nil {
+	c, _ := client.New("")
+	if _, err := c.Create(context.Background(), url, client.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	s := &snapshotter{r: &Replica{url: url, opts: Options{Client: c}}}
-	noAnswer := &streamcore.ClientError{Status: 0, Err: errors.New("connection reset by peer")}
+	noAnswer := &client.Error{Status: 0, Err: errors.New("connection reset by peer")}
 	const big = 2 << 20
 	cases := []struct {
 		name     string
@@ -644,15 +645,15 @@ func TestSnapshotBackoffAndClassify(t *testing.T) {
 		kind     string
 		wait     time.Duration
 	}{
-		{"503 Retry-After", &streamcore.ClientError{Status: 503, RetryAfter: 2 * time.Second}, 10, 0, FailOutage, 2 * time.Second},
-		{"503 marker", &streamcore.ClientError{Status: 503, NotApplied: "WalDiskPressure"}, big, 0, FailOutage, 0},
-		{"plain 503", &streamcore.ClientError{Status: 503}, 10, 0, FailOther, 0},
-		{"500", &streamcore.ClientError{Status: 500}, 10, 0, FailOther, 0},
+		{"503 Retry-After", &client.Error{Status: 503, RetryAfter: 2 * time.Second}, 10, 0, FailOutage, 2 * time.Second},
+		{"503 marker", &client.Error{Status: 503, NotApplied: "WalDiskPressure"}, big, 0, FailOutage, 0},
+		{"plain 503", &client.Error{Status: 503}, 10, 0, FailOther, 0},
+		{"500", &client.Error{Status: 500}, 10, 0, FailOther, 0},
 		{"no answer, small body", noAnswer, 10, 0, FailOutage, 0},
 		{"no answer, big body, stream answers", noAnswer, big, 0, FailSize, 0},
-		{"413 big body", &streamcore.ClientError{Status: 413}, big, 0, FailSize, 0},
-		{"413 body not larger than one published", &streamcore.ClientError{Status: 413}, big, big, FailOther, 0},
-		{"413 body under 1 MiB", &streamcore.ClientError{Status: 413}, 1 << 20, 0, FailOther, 0},
+		{"413 big body", &client.Error{Status: 413}, big, 0, FailSize, 0},
+		{"413 body not larger than one published", &client.Error{Status: 413}, big, big, FailOther, 0},
+		{"413 body under 1 MiB", &client.Error{Status: 413}, 1 << 20, 0, FailOther, 0},
 		{"image over the limit", fmt.Errorf("%w: x", errImageTooLarge), 0, 0, FailSize, 0},
 		{"wrapped read failure", newError(KindUnavailable, ActionRetry, noAnswer, "stream read failed"), 0, 0, FailOutage, 0},
 		{"local", errors.New("disk full"), 10, 0, FailOther, 0},
@@ -717,7 +718,7 @@ func TestSnapshotNewOwner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, image, err := DecodeSnapshot(sr.Data, MaxSnapshotImage)
+	h, image, err := decodeSnapshot(sr.Data, maxSnapshotImage)
 	if err != nil || h.Epoch != 2 || h.Offset != x2 || !bytes.Equal(image, mb.at[x2]) {
 		t.Fatalf("new owner's snapshot: header %+v, err %v, image equal %t", h, err, bytes.Equal(image, mb.at[x2]))
 	}
@@ -794,7 +795,7 @@ func TestSnapshotForeignSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, image, err := DecodeSnapshot(sr.Data, MaxSnapshotImage); err != nil || !bytes.Equal(image, m.at[x2]) {
+	if _, image, err := decodeSnapshot(sr.Data, maxSnapshotImage); err != nil || !bytes.Equal(image, m.at[x2]) {
 		t.Fatalf("own snapshot after the foreign one: %v", err)
 	}
 	commitUntilSnapshot(t, r, m, streamcore.FormatOffset(x2))
@@ -850,11 +851,9 @@ func TestSnapshotNoAnswerSentTwice(t *testing.T) {
 // TestSnapshotOutagePullForward: after an outage with a long Retry-After, the first
 // successful commit brings the next attempt forward, once (checklist P141).
 func TestSnapshotOutagePullForward(t *testing.T) {
-	defer func(d time.Duration) { outagePullForward = d }(outagePullForward)
-	outagePullForward = 300 * time.Millisecond
 	f := &snapFaults{snapPlan: []int{503}, retryHint: "5"}
 	base := snapServer(t, func(h http.Handler) http.Handler { f.next = h; return f })
-	r, _, lb := snapAttach(t, base+"/snap/pull", Options{})
+	r, _, lb := snapAttach(t, base+"/snap/pull", Options{outagePullForward: 300 * time.Millisecond})
 	m := newModel()
 	waitFor(t, "the outage", 10*time.Second, func() bool {
 		if len(lb.events("snapshot_failed")) > 0 {
@@ -870,6 +869,6 @@ func TestSnapshotOutagePullForward(t *testing.T) {
 	m.commit(t, r, 32, 4)
 	waitFor(t, "the pulled-forward attempt", 3*time.Second, func() bool { return r.Status().Snapshot != "-1" })
 	if d := f.puts()[1].Sub(committed); d > 2*time.Second {
-		t.Fatalf("the attempt came %v after the commit, want about %v (not the 5 s Retry-After)", d, outagePullForward)
+		t.Fatalf("the attempt came %v after the commit, want about %v (not the 5 s Retry-After)", d, r.opts.outagePullForward)
 	}
 }

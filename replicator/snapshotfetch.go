@@ -9,11 +9,12 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
 // A snapshot is fetched by ranged GETs, several in flight, piped in order into
-// ReadSnapshot: a cold start of a large database is bound by the network and the
+// readSnapshot: a cold start of a large database is bound by the network and the
 // decompressor, not by one request's round trips, and holds only the ranges in flight.
 const (
 	fetchRangeBytes = 8 << 20
@@ -21,11 +22,11 @@ const (
 )
 
 // openSnapshot returns the body of the snapshot at off (a stream offset as the protocol
-// writes it) and its size. Errors of the reads are the client's own (*streamcore.ClientError),
+// writes it) and its size. Errors of the reads are the client's own (*client.Error),
 // returned by the first call or by Read of the body.
-func openSnapshot(ctx context.Context, c *streamcore.Client, url, off string) (io.ReadCloser, int64, error) {
-	rng := func(lo, hi int64) streamcore.SnapshotReadOptions {
-		return streamcore.SnapshotReadOptions{Range: fmt.Sprintf("bytes=%d-%d", lo, hi-1)}
+func openSnapshot(ctx context.Context, c *client.Client, url, off string) (io.ReadCloser, int64, error) {
+	rng := func(lo, hi int64) client.SnapshotReadOptions {
+		return client.SnapshotReadOptions{Range: fmt.Sprintf("bytes=%d-%d", lo, hi-1)}
 	}
 	first, err := c.ReadSnapshot(ctx, url, off, rng(0, fetchRangeBytes))
 	if err != nil {
@@ -63,7 +64,7 @@ func openSnapshot(ctx context.Context, c *streamcore.Client, url, off string) (i
 					ch <- result{err: err}
 				case int64(len(sr.Data)) != hi-lo || sr.Digest != first.Digest:
 					// Another snapshot (or a short answer): the caller starts over.
-					ch <- result{err: &streamcore.ClientError{Op: "read snapshot", Status: http.StatusNotFound, Code: streamcore.CodeSnapshotNotFound,
+					ch <- result{err: &client.Error{Op: "read snapshot", Status: http.StatusNotFound, Code: streamcore.CodeSnapshotNotFound,
 						Message: fmt.Sprintf("range %d-%d answered %d bytes of digest %q, want %q", lo, hi, len(sr.Data), sr.Digest, first.Digest)}}
 				default:
 					ch <- result{data: sr.Data}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -190,7 +191,7 @@ func (f *fakeParts) counts() (staged, commits, discards, maxInFlight int) {
 
 // checkSnapshot restores the stream from its latest snapshot alone (up to the snapshot
 // offset) and compares with the model.
-func checkSnapshot(t *testing.T, c *streamcore.Client, url string, x uint64, m *model) {
+func checkSnapshot(t *testing.T, c *client.Client, url string, x uint64, m *model) {
 	t.Helper()
 	dst := filepath.Join(t.TempDir(), "restored")
 	img, err := Restore(context.Background(), c, url, dst, x, 0, nil)
@@ -223,7 +224,7 @@ func TestSnapshotInParts(t *testing.T) {
 	if staged < 3 || commits != 3 || discards != 0 || maxIn != 2 {
 		t.Fatalf("staged %d, commits %d, discards %d, at most %d in flight; want >= 3, 3, 0, 2", staged, commits, discards, maxIn)
 	}
-	if _, err := os.Stat(path + BlobSuffix); !os.IsNotExist(err) {
+	if _, err := os.Stat(path + blobSuffix); !os.IsNotExist(err) {
 		t.Fatalf("the snapshot body file outlives the cycle: %v", err)
 	}
 	if ev := lb.events("snapshot_failed"); len(ev) != 0 {

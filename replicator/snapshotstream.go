@@ -12,15 +12,15 @@ import (
 	"github.com/klauspost/compress/zstd"
 )
 
-// Streaming form of the snapshot blob: the same bytes as EncodeSnapshot / DecodeSnapshot
+// Streaming form of the snapshot blob: the same bytes as EncodeSnapshot / decodeSnapshot
 // (40-byte header, then one zstd frame that declares its content size), written and read
 // through a few MiB of buffers instead of the whole image and the whole body in memory,
 // so databases of many GiB publish and install.
 
 const (
-	// MaxSnapshotBody is the largest snapshot body (header and compressed image) a
+	// maxSnapshotBody is the largest snapshot body (header and compressed image) a
 	// rebuild accepts: the largest body the server stores (Ursula-Max-Snapshot-Bytes).
-	MaxSnapshotBody = 1 << 30
+	maxSnapshotBody = 1 << 30
 	// snapshotMaxWindow bounds the zstd window a streaming install keeps. Our encoder uses
 	// 8 MiB (SpeedDefault); a frame asking for more is not one of ours.
 	snapshotMaxWindow = 64 << 20
@@ -28,10 +28,10 @@ const (
 	snapshotChunk = 1 << 20
 )
 
-// WriteSnapshot writes the snapshot blob of the image (h.DBPages*h.PageSize bytes read
+// writeSnapshot writes the snapshot blob of the image (h.DBPages*h.PageSize bytes read
 // from image) to w: the compressed image from byte 40 on, then the header at 0, whose
 // crc and length are known only at the end. It returns the blob size.
-func WriteSnapshot(w io.WriterAt, h SnapshotHeader, image io.Reader) (int64, error) {
+func writeSnapshot(w io.WriterAt, h SnapshotHeader, image io.Reader) (int64, error) {
 	if err := checkGeometry(h.PageSize, h.DBPages); err != nil {
 		return 0, fmt.Errorf("ursula: encode snapshot: %w", err)
 	}
@@ -89,16 +89,16 @@ func (c *crcWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// ReadSnapshot reads a snapshot blob from r and writes its image to dst from offset 0. A
+// readSnapshot reads a snapshot blob from r and writes its image to dst from offset 0. A
 // blob over maxBody bytes or an image over maxImage is refused from the header, before
 // anything is decompressed; the zstd window is bounded, so damaged input never makes it
 // allocate more than a few tens of MiB. The crc covers the whole payload and is checked
 // at its end: on an error dst may hold part of an image and is to be discarded. Damage is
-// an error wrapping ErrBadSnapshot; a failing r or dst is returned as it is. It returns
+// an error wrapping errBadSnapshot; a failing r or dst is returned as it is. It returns
 // the header and the blob size.
-func ReadSnapshot(r io.Reader, dst io.WriterAt, maxBody, maxImage int64) (SnapshotHeader, int64, error) {
+func readSnapshot(r io.Reader, dst io.WriterAt, maxBody, maxImage int64) (SnapshotHeader, int64, error) {
 	bad := func(format string, args ...any) (SnapshotHeader, int64, error) {
-		return SnapshotHeader{}, 0, fmt.Errorf("%w: %s", ErrBadSnapshot, fmt.Sprintf(format, args...))
+		return SnapshotHeader{}, 0, fmt.Errorf("%w: %s", errBadSnapshot, fmt.Sprintf(format, args...))
 	}
 	var b [snapshotHeaderSize]byte
 	if n, err := io.ReadFull(r, b[:]); err != nil {

@@ -52,13 +52,13 @@ func TestSnapshotStreamInterop(t *testing.T) {
 			image = streamImage(tc.h, 3)
 		}
 		var w memAt
-		n, err := WriteSnapshot(&w, tc.h, bytes.NewReader(image))
+		n, err := writeSnapshot(&w, tc.h, bytes.NewReader(image))
 		if err != nil || n != int64(len(w.b)) {
 			t.Fatalf("write %+v: %d bytes of %d, %v", tc.h, n, len(w.b), err)
 		}
-		gh, gi, err := DecodeSnapshot(w.b, len(image))
+		gh, gi, err := decodeSnapshot(w.b, len(image))
 		if err != nil || gh != tc.h || !bytes.Equal(gi, image) {
-			t.Fatalf("DecodeSnapshot of a streamed blob %+v: %+v, %v", tc.h, gh, err)
+			t.Fatalf("decodeSnapshot of a streamed blob %+v: %+v, %v", tc.h, gh, err)
 		}
 		old, err := EncodeSnapshot(tc.h, image)
 		if err != nil {
@@ -66,9 +66,9 @@ func TestSnapshotStreamInterop(t *testing.T) {
 		}
 		for name, blob := range map[string][]byte{"stream": w.b, "encode": old} {
 			var dst memAt
-			gh, n, err := ReadSnapshot(bytes.NewReader(blob), &dst, MaxSnapshotBody, MaxSnapshotImage)
+			gh, n, err := readSnapshot(bytes.NewReader(blob), &dst, maxSnapshotBody, maxSnapshotImage)
 			if err != nil || gh != tc.h || n != int64(len(blob)) || !bytes.Equal(dst.b, image) {
-				t.Fatalf("ReadSnapshot of the %s blob %+v: %+v, %d of %d bytes, %v", name, tc.h, gh, n, len(blob), err)
+				t.Fatalf("readSnapshot of the %s blob %+v: %+v, %d of %d bytes, %v", name, tc.h, gh, n, len(blob), err)
 			}
 		}
 	}
@@ -76,10 +76,10 @@ func TestSnapshotStreamInterop(t *testing.T) {
 
 func TestWriteSnapshotRefuses(t *testing.T) {
 	var w memAt
-	if _, err := WriteSnapshot(&w, SnapshotHeader{PageSize: 4096, DBPages: 2}, bytes.NewReader(make([]byte, 4096))); err == nil {
+	if _, err := writeSnapshot(&w, SnapshotHeader{PageSize: 4096, DBPages: 2}, bytes.NewReader(make([]byte, 4096))); err == nil {
 		t.Fatal("a short image was encoded")
 	}
-	if _, err := WriteSnapshot(&w, SnapshotHeader{PageSize: 1000, DBPages: 1}, bytes.NewReader(make([]byte, 1000))); err == nil {
+	if _, err := writeSnapshot(&w, SnapshotHeader{PageSize: 1000, DBPages: 1}, bytes.NewReader(make([]byte, 1000))); err == nil {
 		t.Fatal("a bad page size was encoded")
 	}
 }
@@ -91,7 +91,7 @@ func (f failReader) Read([]byte) (int, error) { return 0, f.err }
 func TestReadSnapshotDamage(t *testing.T) {
 	h := SnapshotHeader{PageSize: 4096, DBPages: 64, Epoch: 1, Offset: 2}
 	var w memAt
-	if _, err := WriteSnapshot(&w, h, bytes.NewReader(streamImage(h, 9))); err != nil {
+	if _, err := writeSnapshot(&w, h, bytes.NewReader(streamImage(h, 9))); err != nil {
 		t.Fatal(err)
 	}
 	good := w.b
@@ -106,26 +106,26 @@ func TestReadSnapshotDamage(t *testing.T) {
 		blob              []byte
 		maxBody, maxImage int64
 	}{
-		{"empty", nil, MaxSnapshotBody, MaxSnapshotImage},
-		{"cut header", good[:20], MaxSnapshotBody, MaxSnapshotImage},
-		{"cut payload", good[:len(good)-10], MaxSnapshotBody, MaxSnapshotImage},
-		{"bad magic", mut(func(b []byte) []byte { b[0] = 'X'; return b }), MaxSnapshotBody, MaxSnapshotImage},
-		{"bad version", mut(func(b []byte) []byte { b[4] = 9; return b }), MaxSnapshotBody, MaxSnapshotImage},
-		{"reserved", mut(func(b []byte) []byte { b[6] = 1; return b }), MaxSnapshotBody, MaxSnapshotImage},
-		{"page size", mut(func(b []byte) []byte { le.PutUint32(b[8:], 1000); return b }), MaxSnapshotBody, MaxSnapshotImage},
-		{"flipped payload byte", mut(func(b []byte) []byte { b[len(b)/2] ^= 1; return b }), MaxSnapshotBody, MaxSnapshotImage},
-		{"flipped offset", mut(func(b []byte) []byte { b[24] ^= 1; return b }), MaxSnapshotBody, MaxSnapshotImage},
-		{"trailing bytes", mut(func(b []byte) []byte { return fix(append(b, 0, 0, 0, 0)) }), MaxSnapshotBody, MaxSnapshotImage},
-		{"more pages declared", mut(func(b []byte) []byte { le.PutUint32(b[12:], 65); return fix(b) }), MaxSnapshotBody, MaxSnapshotImage},
-		{"fewer pages declared", mut(func(b []byte) []byte { le.PutUint32(b[12:], 63); return fix(b) }), MaxSnapshotBody, MaxSnapshotImage},
-		{"huge image declared", mut(func(b []byte) []byte { le.PutUint32(b[12:], 1<<31); return fix(b) }), MaxSnapshotBody, MaxSnapshotImage},
-		{"body over the limit", good, int64(len(good) - 1), MaxSnapshotImage},
-		{"image over the limit", good, MaxSnapshotBody, 64*4096 - 1},
+		{"empty", nil, maxSnapshotBody, maxSnapshotImage},
+		{"cut header", good[:20], maxSnapshotBody, maxSnapshotImage},
+		{"cut payload", good[:len(good)-10], maxSnapshotBody, maxSnapshotImage},
+		{"bad magic", mut(func(b []byte) []byte { b[0] = 'X'; return b }), maxSnapshotBody, maxSnapshotImage},
+		{"bad version", mut(func(b []byte) []byte { b[4] = 9; return b }), maxSnapshotBody, maxSnapshotImage},
+		{"reserved", mut(func(b []byte) []byte { b[6] = 1; return b }), maxSnapshotBody, maxSnapshotImage},
+		{"page size", mut(func(b []byte) []byte { le.PutUint32(b[8:], 1000); return b }), maxSnapshotBody, maxSnapshotImage},
+		{"flipped payload byte", mut(func(b []byte) []byte { b[len(b)/2] ^= 1; return b }), maxSnapshotBody, maxSnapshotImage},
+		{"flipped offset", mut(func(b []byte) []byte { b[24] ^= 1; return b }), maxSnapshotBody, maxSnapshotImage},
+		{"trailing bytes", mut(func(b []byte) []byte { return fix(append(b, 0, 0, 0, 0)) }), maxSnapshotBody, maxSnapshotImage},
+		{"more pages declared", mut(func(b []byte) []byte { le.PutUint32(b[12:], 65); return fix(b) }), maxSnapshotBody, maxSnapshotImage},
+		{"fewer pages declared", mut(func(b []byte) []byte { le.PutUint32(b[12:], 63); return fix(b) }), maxSnapshotBody, maxSnapshotImage},
+		{"huge image declared", mut(func(b []byte) []byte { le.PutUint32(b[12:], 1<<31); return fix(b) }), maxSnapshotBody, maxSnapshotImage},
+		{"body over the limit", good, int64(len(good) - 1), maxSnapshotImage},
+		{"image over the limit", good, maxSnapshotBody, 64*4096 - 1},
 	} {
 		var dst memAt
-		_, _, err := ReadSnapshot(bytes.NewReader(tc.blob), &dst, tc.maxBody, tc.maxImage)
-		if !errors.Is(err, ErrBadSnapshot) {
-			t.Errorf("%s: err %v, want ErrBadSnapshot", tc.name, err)
+		_, _, err := readSnapshot(bytes.NewReader(tc.blob), &dst, tc.maxBody, tc.maxImage)
+		if !errors.Is(err, errBadSnapshot) {
+			t.Errorf("%s: err %v, want errBadSnapshot", tc.name, err)
 		}
 		if len(dst.b) > 64*4096 {
 			t.Errorf("%s: wrote %d bytes", tc.name, len(dst.b))
@@ -133,13 +133,13 @@ func TestReadSnapshotDamage(t *testing.T) {
 	}
 	// A failing transport is not damage.
 	boom := errors.New("boom")
-	_, _, err := ReadSnapshot(io.MultiReader(bytes.NewReader(good[:100]), failReader{boom}), &memAt{}, MaxSnapshotBody, MaxSnapshotImage)
-	if !errors.Is(err, boom) || errors.Is(err, ErrBadSnapshot) {
+	_, _, err := readSnapshot(io.MultiReader(bytes.NewReader(good[:100]), failReader{boom}), &memAt{}, maxSnapshotBody, maxSnapshotImage)
+	if !errors.Is(err, boom) || errors.Is(err, errBadSnapshot) {
 		t.Fatalf("transport failure: %v", err)
 	}
 }
 
-// limitAt refuses writes past a bound, so a fuzzed blob cannot make ReadSnapshot write
+// limitAt refuses writes past a bound, so a fuzzed blob cannot make readSnapshot write
 // (or allocate) much.
 type limitAt struct {
 	memAt
@@ -157,7 +157,7 @@ func FuzzReadSnapshot(f *testing.F) {
 	h := SnapshotHeader{PageSize: 512, DBPages: 2, Epoch: 3, Offset: 4}
 	old, _ := EncodeSnapshot(h, bytes.Repeat(testPage(512, 5), 2))
 	var w memAt
-	WriteSnapshot(&w, h, bytes.NewReader(bytes.Repeat(testPage(512, 5), 2)))
+	writeSnapshot(&w, h, bytes.NewReader(bytes.Repeat(testPage(512, 5), 2)))
 	f.Add(old, false)
 	f.Add(w.b, true)
 	f.Add(old[:30], false)
@@ -170,20 +170,20 @@ func FuzzReadSnapshot(f *testing.F) {
 			le.PutUint32(b[32:], checksum(b[:32], b[snapshotHeaderSize:]))
 		}
 		dst := &limitAt{limit: maxImage}
-		h, n, err := ReadSnapshot(bytes.NewReader(b), dst, MaxSnapshotBody, maxImage)
-		// Whatever DecodeSnapshot says of the blob, the stream reader says too.
-		dh, image, derr := DecodeSnapshot(b, maxImage)
+		h, n, err := readSnapshot(bytes.NewReader(b), dst, maxSnapshotBody, maxImage)
+		// Whatever decodeSnapshot says of the blob, the stream reader says too.
+		dh, image, derr := decodeSnapshot(b, maxImage)
 		if (err == nil) != (derr == nil) {
-			t.Fatalf("ReadSnapshot err %v, DecodeSnapshot err %v", err, derr)
+			t.Fatalf("readSnapshot err %v, decodeSnapshot err %v", err, derr)
 		}
 		if err != nil {
-			if !errors.Is(err, ErrBadSnapshot) {
-				t.Fatalf("err %v does not wrap ErrBadSnapshot", err)
+			if !errors.Is(err, errBadSnapshot) {
+				t.Fatalf("err %v does not wrap errBadSnapshot", err)
 			}
 			return
 		}
 		if h != dh || n != int64(len(b)) || !bytes.Equal(dst.b, image) {
-			t.Fatalf("ReadSnapshot %+v %d bytes, DecodeSnapshot %+v", h, n, dh)
+			t.Fatalf("readSnapshot %+v %d bytes, decodeSnapshot %+v", h, n, dh)
 		}
 	})
 }

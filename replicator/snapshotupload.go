@@ -12,17 +12,18 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
 // A snapshot body is built into a file beside the database (<db>-ursula-snap-blob, removed
-// after the cycle) by streaming the shadow image through WriteSnapshot, then sent from that
+// after the cycle) by streaming the shadow image through writeSnapshot, then sent from that
 // file: in one PUT when it fits one request, else in parts (POST .../parts, then a commit)
 // where the server's HEAD announces Ursula-Max-Snapshot-Bytes. Nothing of the image's or
 // the body's size is held in memory: a few parts in flight at most.
 
-// BlobSuffix names the snapshot body file beside the database.
-const BlobSuffix = "-ursula-snap-blob"
+// blobSuffix names the snapshot body file beside the database.
+const blobSuffix = "-ursula-snap-blob"
 
 const (
 	partsInFlight     = 2
@@ -74,14 +75,14 @@ func (zeros) Read(p []byte) (int, error) {
 
 // writeBlob streams the first size bytes of the shadow image into a new blob file.
 func (s *snapshotter) writeBlob(h SnapshotHeader, size int64) (*snapBlob, error) {
-	path := s.r.path + BlobSuffix
+	path := s.r.path + blobSuffix
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return nil, newError(KindLocalSetup, ActionFix, err, "creating the snapshot body file")
 	}
 	b := &snapBlob{f: f, path: path}
 	image := io.MultiReader(io.NewSectionReader(s.f, 0, size), zeros{})
-	if b.size, err = WriteSnapshot(f, h, image); err != nil {
+	if b.size, err = writeSnapshot(f, h, image); err != nil {
 		b.remove()
 		return nil, newError(KindLocalSetup, ActionFix, err, "writing the snapshot body")
 	}
@@ -89,7 +90,7 @@ func (s *snapshotter) writeBlob(h SnapshotHeader, size int64) (*snapBlob, error)
 }
 
 // noteHead keeps the limits a HEAD announced.
-func (s *snapshotter) noteHead(info *streamcore.StreamInfo) {
+func (s *snapshotter) noteHead(info *client.StreamInfo) {
 	if info != nil {
 		s.maxReqBytes, s.maxSnapBytes = info.MaxRequestBytes, info.MaxSnapshotBytes
 	}
@@ -146,8 +147,8 @@ func (s *snapshotter) publishWhole(ctx context.Context, off string, blob *snapBl
 }
 
 // learnConflict notes the latest snapshot a 409 names and returns the client error.
-func (s *snapshotter) learnConflict(err error) *streamcore.ClientError {
-	var ce *streamcore.ClientError
+func (s *snapshotter) learnConflict(err error) *client.Error {
+	var ce *client.Error
 	if errors.As(err, &ce) && ce.Status == http.StatusConflict && ce.SnapshotOffset != "" {
 		// A newer snapshot (or other bytes at X) is the latest: learn where it is.
 		if n, perr := streamcore.ParseOffset(ce.SnapshotOffset); perr == nil {
@@ -298,7 +299,7 @@ func (s *snapshotter) readBack(ctx context.Context, x uint64, blob *snapBlob) er
 	for pos := int64(0); pos < total; {
 		n := int(min(verifyChunk, total-pos))
 		if _, err := io.ReadFull(body, got[:n]); err != nil {
-			var ce *streamcore.ClientError
+			var ce *client.Error
 			if errors.As(err, &ce) {
 				return classifyRead(ce, "reading the snapshot back")
 			}

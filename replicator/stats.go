@@ -9,15 +9,16 @@ import (
 
 // Measurements (checklist-vfs R): each replica buffers one measurement per acknowledged
 // commit and per snapshot attempt until DrainStats takes them. Between drains it keeps
-// the newest StatsCap of each kind and counts the rest in Dropped; the totals (commits,
+// the newest defaultStatsCap of each kind and counts the rest in Dropped; the totals (commits,
 // bytes, retries) count every commit, measured or dropped.
 //
 // Checkpoints are a kind of the checklist but no adapter reports them yet: the checkpoint
 // list is always empty in this build.
 
-// StatsCap is how many measurements of each kind a replica keeps between drains (8,192,
-// checklist R161). A variable for tests.
-var StatsCap = 8192
+// defaultStatsCap is how many measurements of each kind a replica keeps between drains:
+// 8,192, enough for minutes of commits at a high rate between two drains of a
+// monitoring loop, yet a bounded memory cost.
+const defaultStatsCap = 8192
 
 // CommitMeasurement is one acknowledged commit.
 type CommitMeasurement struct {
@@ -106,6 +107,7 @@ func (q *ring[T]) drain() ([]T, uint64) {
 }
 
 type statsBuf struct {
+	cap         int // measurements kept per kind between drains
 	mu          sync.Mutex
 	commits     ring[CommitMeasurement]
 	checkpoints ring[CheckpointMeasurement]
@@ -122,7 +124,7 @@ func (b *statsBuf) commit(m CommitMeasurement) {
 	defer b.mu.Unlock()
 	b.nCommits++
 	b.bytes += uint64(m.Bytes)
-	b.commits.add(m, StatsCap)
+	b.commits.add(m, b.cap)
 }
 
 func (b *statsBuf) retry() {
@@ -133,14 +135,14 @@ func (b *statsBuf) retry() {
 
 func (b *statsBuf) snapshot(m SnapshotMeasurement) {
 	b.mu.Lock()
-	b.snapshots.add(m, StatsCap)
+	b.snapshots.add(m, b.cap)
 	b.mu.Unlock()
 }
 
 // RecordCheckpoint adds a checkpoint measurement (for an adapter that can observe one).
 func (r *Replica) RecordCheckpoint(m CheckpointMeasurement) {
 	r.stats.mu.Lock()
-	r.stats.checkpoints.add(m, StatsCap)
+	r.stats.checkpoints.add(m, r.stats.cap)
 	r.stats.mu.Unlock()
 }
 

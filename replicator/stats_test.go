@@ -9,9 +9,12 @@ import (
 	"time"
 )
 
+// TestStatsCapIs8192: a replica attached with default options keeps 8,192 measurements
+// of each kind between drains.
 func TestStatsCapIs8192(t *testing.T) {
-	if StatsCap != 8192 {
-		t.Fatalf("StatsCap = %d, checklist R161 says 8192", StatsCap)
+	r, _, _ := snapAttach(t, snapServer(t, nil)+"/stats/cap", Options{})
+	if r.stats.cap != 8192 {
+		t.Fatalf("stats cap = %d, want 8192", r.stats.cap)
 	}
 }
 
@@ -57,11 +60,8 @@ func TestStatsCommitMeasurements(t *testing.T) {
 // TestStatsOverflow: past the cap the oldest are dropped and counted, totals still count
 // every commit.
 func TestStatsOverflow(t *testing.T) {
-	old := StatsCap
-	StatsCap = 16
-	t.Cleanup(func() { StatsCap = old })
 	url := snapServer(t, nil) + "/stats/b"
-	r, _, _ := snapAttach(t, url, Options{SnapshotMinBytes: 64 << 20})
+	r, _, _ := snapAttach(t, url, Options{SnapshotMinBytes: 64 << 20, statsCap: 16})
 	m := newModel()
 	for i := 0; i < 17; i++ { // cap + 1, as 8,193 against 8,192
 		m.commit(t, r, 8, 1)

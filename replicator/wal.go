@@ -30,12 +30,12 @@ func walChecksum(bigEndian bool, s0, s1 uint32, b []byte) (uint32, uint32) {
 	return s0, s1
 }
 
-// FoldWAL applies the committed transactions of the WAL beside path (path+"-wal") to the
+// foldWAL applies the committed transactions of the WAL beside path (path+"-wal") to the
 // database file, as SQLite's recovery plus a full checkpoint would, then removes the -wal
 // and -shm files. Frames after the last valid commit frame (an unacknowledged
 // transaction's, or a torn tail) are ignored. It returns the number of transactions folded.
 // No SQLite connection may have the file open.
-func FoldWAL(path string) (int, error) {
+func foldWAL(path string) (int, error) {
 	wal, err := os.ReadFile(path + "-wal")
 	if errors.Is(err, os.ErrNotExist) {
 		os.Remove(path + "-shm")

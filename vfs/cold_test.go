@@ -10,9 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ursula-go/ursula/client"
 	coldstore "github.com/ursula-go/ursula/coldtier/store"
 	"github.com/ursula-go/ursula/coldtier/store/s3test"
 	"github.com/ursula-go/ursula/engine"
+	"github.com/ursula-go/ursula/internal/racetest"
 	"github.com/ursula-go/ursula/replicator"
 	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/streamcore"
@@ -27,7 +29,7 @@ func TestDatabaseOnColdTier(t *testing.T) {
 		t.Skip("long run")
 	}
 	dbMB := 200
-	if raceEnabled {
+	if racetest.Enabled {
 		dbMB = 50
 	}
 	base, store := s3ColdServer(t, "vfs-cold", 1<<20)
@@ -49,7 +51,7 @@ func TestDatabaseOnColdTier(t *testing.T) {
 
 	// A snapshot is due once the log passes the database size: keep writing until one
 	// is published.
-	c, _ := streamcore.NewClient("")
+	c, _ := client.New("")
 	deadline := time.Now().Add(120 * time.Second)
 	for {
 		info, err := c.Head(context.Background(), url)

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ursula-go/ursula/streamcore"
+	"github.com/ursula-go/ursula/client"
 )
 
 // BenchmarkColdStartS3: a fresh host opens (attach: snapshot install, tail replay, claim,
@@ -62,7 +62,7 @@ func coldStartSetup(b *testing.B, mb int) (string, string) {
 	base, _ := s3ColdServer(b, "coldstart", 8<<20)
 	url := base + fmt.Sprintf("/bench/cold%d", mb)
 
-	c, _ := streamcore.NewClient("")
+	c, _ := client.New("")
 	ownerPath := filepath.Join(b.TempDir(), "owner.db")
 	owner, err := Open(url, Options{Path: ownerPath})
 	if err != nil {

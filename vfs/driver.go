@@ -8,6 +8,8 @@ import (
 
 	"github.com/ncruces/go-sqlite3"
 	"github.com/ncruces/go-sqlite3/driver"
+
+	"github.com/ursula-go/ursula/sqlitewal"
 )
 
 // The database/sql layer sees SQLite's I/O error codes only. These wrappers of the
@@ -16,7 +18,7 @@ import (
 
 type connector struct {
 	inner    sqldriver.Connector
-	db       *Database
+	db       *sqlitewal.Database
 	readOnly bool
 	once     sync.Once
 }
@@ -33,7 +35,7 @@ func (c *connector) Close() error {
 func (c *connector) Connect(ctx context.Context) (sqldriver.Conn, error) {
 	conn, err := c.inner.Connect(ctx)
 	if err != nil {
-		return nil, c.db.mapErr(err)
+		return nil, mapErr(c.db, err)
 	}
 	dc := conn.(driver.Conn)
 	if err := setupConn(dc.Raw(), c.readOnly); err != nil {
@@ -46,7 +48,7 @@ func (c *connector) Connect(ctx context.Context) (sqldriver.Conn, error) {
 // conn2 wraps the driver's connection.
 type conn2 struct {
 	driver.Conn
-	db *Database
+	db *sqlitewal.Database
 }
 
 func (c *conn2) Begin() (sqldriver.Tx, error) {
@@ -56,7 +58,7 @@ func (c *conn2) Begin() (sqldriver.Tx, error) {
 func (c *conn2) BeginTx(ctx context.Context, opts sqldriver.TxOptions) (sqldriver.Tx, error) {
 	tx, err := c.Conn.BeginTx(ctx, opts)
 	if err != nil {
-		return nil, c.db.mapErr(err)
+		return nil, mapErr(c.db, err)
 	}
 	return &tx2{Tx: tx, db: c.db}, nil
 }
@@ -68,7 +70,7 @@ func (c *conn2) Prepare(query string) (sqldriver.Stmt, error) {
 func (c *conn2) PrepareContext(ctx context.Context, query string) (sqldriver.Stmt, error) {
 	st, err := c.Conn.PrepareContext(ctx, query)
 	if err != nil {
-		return nil, c.db.mapErr(err)
+		return nil, mapErr(c.db, err)
 	}
 	return &stmt2{Stmt: st, db: c.db}, nil
 }
@@ -79,7 +81,7 @@ func (c *conn2) ExecContext(ctx context.Context, query string, args []sqldriver.
 		return nil, sqldriver.ErrSkip
 	}
 	res, err := ex.ExecContext(ctx, query, args)
-	return res, c.db.mapErr(err)
+	return res, mapErr(c.db, err)
 }
 
 func (c *conn2) CheckNamedValue(nv *sqldriver.NamedValue) error {
@@ -91,24 +93,24 @@ func (c *conn2) CheckNamedValue(nv *sqldriver.NamedValue) error {
 
 type tx2 struct {
 	sqldriver.Tx
-	db *Database
+	db *sqlitewal.Database
 }
 
-func (t *tx2) Commit() error { return t.db.mapErr(t.Tx.Commit()) }
+func (t *tx2) Commit() error { return mapErr(t.db, t.Tx.Commit()) }
 
 type stmt2 struct {
 	sqldriver.Stmt
-	db *Database
+	db *sqlitewal.Database
 }
 
 func (s *stmt2) ExecContext(ctx context.Context, args []sqldriver.NamedValue) (sqldriver.Result, error) {
 	res, err := s.Stmt.(sqldriver.StmtExecContext).ExecContext(ctx, args)
-	return res, s.db.mapErr(err)
+	return res, mapErr(s.db, err)
 }
 
 func (s *stmt2) QueryContext(ctx context.Context, args []sqldriver.NamedValue) (sqldriver.Rows, error) {
 	rows, err := s.Stmt.(sqldriver.StmtQueryContext).QueryContext(ctx, args)
-	return rows, s.db.mapErr(err)
+	return rows, mapErr(s.db, err)
 }
 
 func (s *stmt2) CheckNamedValue(nv *sqldriver.NamedValue) error {
@@ -119,13 +121,13 @@ func (s *stmt2) CheckNamedValue(nv *sqldriver.NamedValue) error {
 }
 
 // mapErr puts the replicator's error in front of an SQLite I/O error it caused.
-func (d *Database) mapErr(err error) error {
-	if err == nil || d.replica == nil || !errors.Is(err, sqlite3.IOERR) {
+func mapErr(d *sqlitewal.Database, err error) error {
+	if err == nil || d.ReadOnly() || !errors.Is(err, sqlite3.IOERR) {
 		return err
 	}
-	cause := d.replica.Usable()
+	cause := d.Replica().Usable()
 	if cause == nil {
-		if le := d.replica.LastError(); le != nil {
+		if le := d.Replica().LastError(); le != nil {
 			cause = le
 		}
 	}

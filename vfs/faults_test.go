@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/replicator"
 	"github.com/ursula-go/ursula/streamcore"
 )
@@ -186,7 +187,7 @@ func TestCommitOutcomes(t *testing.T) {
 // rebuiltCount rebuilds the stream into a fresh file and counts the rows of t.
 func rebuiltCount(t *testing.T, url string) int {
 	t.Helper()
-	c, _ := streamcore.NewClient("")
+	c, _ := client.New("")
 	p := filepath.Join(t.TempDir(), "rebuilt.db")
 	if _, err := replicator.Restore(context.Background(), c, url, p, 0, streamcore.MaxRequestBytes, nil); err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package vfs
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	sqldriver "database/sql/driver"
@@ -19,7 +20,9 @@ import (
 	"github.com/ncruces/go-sqlite3"
 	"github.com/ncruces/go-sqlite3/driver"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/replicator"
+	"github.com/ursula-go/ursula/sqlitewal"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -62,9 +65,6 @@ const (
 	readerBusyMs  = 10000                  // busy timeout of user connections
 )
 
-// followReadBytes is how much one read asks for (the server's cap; tests lower it).
-var followReadBytes = streamcore.MaxReadBytes
-
 // FollowerStatus is the state of a follower: Status(path) plus what only a follower has.
 type FollowerStatus struct {
 	replicator.Status
@@ -76,9 +76,10 @@ type FollowerStatus struct {
 
 type follower struct {
 	url, path string
-	client    *streamcore.Client
+	client    *client.Client
 	maxFrame  int
-	lock      *fileLock
+	readBytes int // how much one read asks for
+	lock      *sqlitewal.FileLock
 	file      *os.File      // the database file; written only under the EXCLUSIVE lock
 	conn      *sqlite3.Conn // private read-write connection that takes the EXCLUSIVE lock
 	ctx       context.Context
@@ -165,14 +166,14 @@ func openFollower(streamURL string, opts Options) (_ *sql.DB, err error) {
 	if err != nil {
 		return nil, err
 	}
-	client := opts.Client
-	if client == nil {
-		if client, err = streamcore.NewClient(""); err != nil {
+	c := opts.Client
+	if c == nil {
+		if c, err = client.New(""); err != nil {
 			return nil, err
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &follower{url: streamURL, path: path, client: client, maxFrame: streamcore.MaxRequestBytes,
+	f := &follower{url: streamURL, path: path, client: c, maxFrame: streamcore.MaxRequestBytes, readBytes: cmp.Or(opts.followReadBytes, streamcore.MaxReadBytes),
 		ctx: ctx, cancel: cancel, done: make(chan struct{}), following: true}
 	followersMu.Lock()
 	if followers[path] != nil {
@@ -192,13 +193,13 @@ func openFollower(streamURL string, opts Options) (_ *sql.DB, err error) {
 		}
 	}()
 	// Ask first, so that a missing stream leaves nothing behind locally.
-	info, err := client.Head(ctx, streamURL)
+	info, err := c.Head(ctx, streamURL)
 	if err != nil {
 		return nil, classifyFollowRead(err, "HEAD of the stream")
 	}
-	lockPath := path + "-ursula.lock"
+	lockPath := sqlitewal.LockPath(path)
 	_, statErr := os.Stat(lockPath)
-	lk, err := lockFile(lockPath)
+	lk, err := sqlitewal.LockFile(lockPath)
 	if err != nil {
 		return nil, err
 	}
@@ -211,7 +212,7 @@ func openFollower(streamURL string, opts Options) (_ *sql.DB, err error) {
 			if f.file != nil {
 				f.file.Close()
 			}
-			lk.release()
+			lk.Release()
 			if os.IsNotExist(statErr) {
 				os.Remove(lockPath)
 			}
@@ -234,7 +235,7 @@ func openFollower(streamURL string, opts Options) (_ *sql.DB, err error) {
 			return nil, err
 		}
 	} else {
-		img, err := replicator.Restore(ctx, client, streamURL, path, 0, f.maxFrame, nil)
+		img, err := replicator.Restore(ctx, c, streamURL, path, 0, f.maxFrame, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -317,7 +318,7 @@ func (f *follower) close() error {
 		<-f.done
 		err = f.conn.Close()
 		f.file.Close()
-		f.lock.release()
+		f.lock.Release()
 		followersMu.Lock()
 		delete(followers, f.path)
 		followersMu.Unlock()
@@ -343,17 +344,17 @@ func (f *follower) run() {
 			case <-time.After(wait):
 			}
 		}
-		rr, err := f.client.Read(f.ctx, f.url, streamcore.ReadOptions{
+		rr, err := f.client.Read(f.ctx, f.url, client.ReadOptions{
 			Offset: streamcore.FormatOffset(next), LongPoll: true, Timeout: followPoll,
-			MaxBytes: followReadBytes, IfIncarnation: f.inc})
+			MaxBytes: f.readBytes, IfIncarnation: f.inc})
 		if f.ctx.Err() != nil {
 			return
 		}
 		if err == nil && rr.Incarnation != "" && f.inc != "" && rr.Incarnation != f.inc {
-			err = &streamcore.ClientError{Op: "read", Status: http.StatusPreconditionFailed, Message: "stream was recreated"}
+			err = &client.Error{Op: "read", Status: http.StatusPreconditionFailed, Message: "stream was recreated"}
 		}
 		if err != nil {
-			var ce *streamcore.ClientError
+			var ce *client.Error
 			errors.As(err, &ce)
 			switch {
 			case ce != nil && ce.Status == http.StatusNotFound:
@@ -593,10 +594,10 @@ func (f *follower) readU32(off int64) (uint32, error) {
 // rebuild replaces the whole file with the stream's current state, from its latest
 // snapshot, under the EXCLUSIVE lock (the file keeps its inode: readers hold it open).
 // cause is the read refusal that made it necessary; nil when Open reuses a file.
-func (f *follower) rebuild(cause *streamcore.ClientError) (gone bool, _ error) {
+func (f *follower) rebuild(cause *client.Error) (gone bool, _ error) {
 	info, err := f.client.Head(f.ctx, f.url)
 	if err != nil {
-		var ce *streamcore.ClientError
+		var ce *client.Error
 		if errors.As(err, &ce) && (ce.Status == http.StatusNotFound || ce.Status == http.StatusGone) {
 			return true, &Error{Kind: replicator.KindNotFound, Action: replicator.ActionFix, Err: err,
 				Message: "the followed stream disappeared; the file keeps its last state"}
@@ -655,7 +656,7 @@ func (f *follower) rebuild(cause *streamcore.ClientError) (gone bool, _ error) {
 
 // classifyFollowRead turns a client error of a read into a typed error.
 func classifyFollowRead(err error, what string) error {
-	var ce *streamcore.ClientError
+	var ce *client.Error
 	errors.As(err, &ce)
 	switch {
 	case ce != nil && (ce.Status == http.StatusNotFound || ce.Status == http.StatusGone):

@@ -16,6 +16,7 @@ import (
 	"github.com/ncruces/go-sqlite3"
 	"github.com/ncruces/go-sqlite3/driver"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/replicator"
 	"github.com/ursula-go/ursula/streamcore"
 )
@@ -26,6 +27,12 @@ import (
 // openPair opens an owner of a new stream with table t, and a follower of it.
 func openPair(t *testing.T, name string) (owner, follower *sql.DB, fpath, url string) {
 	t.Helper()
+	return openPairWith(t, name, Options{})
+}
+
+// openPairWith is openPair with the follower opened with fo (Path and Follow set here).
+func openPairWith(t *testing.T, name string, fo Options) (owner, follower *sql.DB, fpath, url string) {
+	t.Helper()
 	url = startServer(t) + "/dbs1/" + name
 	dir := t.TempDir()
 	owner, err := Open(url, Options{Path: filepath.Join(dir, "owner.db")})
@@ -35,7 +42,8 @@ func openPair(t *testing.T, name string) (owner, follower *sql.DB, fpath, url st
 	t.Cleanup(func() { owner.Close() })
 	mustExec(t, owner, `CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)`)
 	fpath = filepath.Join(dir, "follower.db")
-	follower, err = Open(url, Options{Path: fpath, Follow: true})
+	fo.Path, fo.Follow = fpath, true
+	follower, err = Open(url, fo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +155,7 @@ func TestFollowLive(t *testing.T) {
 	}
 	// The file is the stream's database page for page, in rollback mode, with its own
 	// change counter, valid for the database size it says.
-	c, _ := streamcore.NewClient("")
+	c, _ := client.New("")
 	fresh := filepath.Join(t.TempDir(), "fresh.db")
 	if _, err := replicator.Restore(context.Background(), c, url, fresh, 0, streamcore.MaxRequestBytes, nil); err != nil {
 		t.Fatal(err)
@@ -332,9 +340,8 @@ func TestFollowConsistentReads(t *testing.T) {
 // TestFollowBigTransaction: one commit of several MB, larger than a read, is assembled
 // across reads and applied whole.
 func TestFollowBigTransaction(t *testing.T) {
-	defer func(n int) { followReadBytes = n }(followReadBytes)
-	followReadBytes = 256 << 10 // the server's cap is 8 MiB; a 3 MB record then needs 12 reads
-	owner, follower, _, _ := openPair(t, "big")
+	// The server's cap is 8 MiB; with 256 KiB reads a 3 MB record needs 12 of them.
+	owner, follower, _, _ := openPairWith(t, "big", Options{followReadBytes: 256 << 10})
 	const rows = 1500 // 3 MB of incompressible blobs
 	mustExec(t, owner, `WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM c WHERE i < ?)
 		INSERT INTO t(v) SELECT randomblob(2000) FROM c`, rows)
@@ -371,7 +378,7 @@ func TestFollowBehindRetention(t *testing.T) {
 		mustExec(t, owner, `INSERT INTO t(v) VALUES ('c')`)
 	}
 	// Publish a snapshot of the stream's tail and retain from it.
-	c, _ := streamcore.NewClient("")
+	c, _ := client.New("")
 	ctx := context.Background()
 	snapPath := filepath.Join(t.TempDir(), "snap.db")
 	img, err := replicator.Restore(ctx, c, url, snapPath, 0, streamcore.MaxRequestBytes, nil)
@@ -410,7 +417,7 @@ func TestFollowStreamDeleted(t *testing.T) {
 	owner, follower, fpath, url := openPair(t, "deleted")
 	mustExec(t, owner, `INSERT INTO t(v) VALUES ('a')`)
 	waitCount(t, follower, `SELECT count(*) FROM t`, 1, 5*time.Second)
-	c, _ := streamcore.NewClient("")
+	c, _ := client.New("")
 	if _, err := c.Delete(context.Background(), url); err != nil {
 		t.Fatal(err)
 	}
@@ -456,7 +463,7 @@ func TestFollowRecreatedStream(t *testing.T) {
 	mustExec(t, owner, `INSERT INTO t(v) VALUES ('old 2')`)
 	time.Sleep(100 * time.Millisecond)
 	owner.Close()
-	c, _ := streamcore.NewClient("")
+	c, _ := client.New("")
 	if _, err := c.Delete(context.Background(), url); err != nil {
 		t.Fatal(err)
 	}

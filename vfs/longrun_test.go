@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ursula-go/ursula/client"
+	"github.com/ursula-go/ursula/internal/racetest"
 	"github.com/ursula-go/ursula/replicator"
 	"github.com/ursula-go/ursula/streamcore"
 )
@@ -25,7 +27,7 @@ func TestSnapshotRetentionLongRun(t *testing.T) {
 		t.Skip("long run")
 	}
 	logTarget := uint64(100 << 20)
-	if raceEnabled {
+	if racetest.Enabled {
 		logTarget = 20 << 20
 	}
 	t.Setenv("URSULA_VFS_SNAPSHOT_MIN_BYTES", fmt.Sprint(2<<20))
@@ -77,9 +79,9 @@ func TestSnapshotRetentionLongRun(t *testing.T) {
 	st, _ := Status(ownerPath)
 	t.Logf("%d MB of log in %v; snapshot %s, retained %s, snapshot failures %d (%s)", st.Offset>>20, time.Since(start).Round(time.Millisecond), st.Snapshot, st.Retained, st.SnapshotFailures, st.SnapshotError)
 
-	c, _ := streamcore.NewClient("")
+	c, _ := client.New("")
 	deadline := time.Now().Add(60 * time.Second)
-	var info *streamcore.StreamInfo
+	var info *client.StreamInfo
 	for {
 		info, err = c.Head(context.Background(), url)
 		if err != nil {
@@ -96,7 +98,7 @@ func TestSnapshotRetentionLongRun(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	// Early log is gone.
-	if _, err := c.Read(context.Background(), url, streamcore.ReadOptions{Offset: streamcore.FormatOffset(0), MaxBytes: 10}); err == nil {
+	if _, err := c.Read(context.Background(), url, client.ReadOptions{Offset: streamcore.FormatOffset(0), MaxBytes: 10}); err == nil {
 		t.Error("the start of the log is still readable after retention moved")
 	}
 

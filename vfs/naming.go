@@ -17,11 +17,11 @@ import (
 // sqlite-ursula/ under the user's cache directory, the same name the Python and Node
 // bindings compute, so every binding on a host finds the same cache of a stream.
 
-// CanonicalURL is the one spelling of a stream URL that names its local file: scheme and
+// canonicalURL is the one spelling of a stream URL that names its local file: scheme and
 // host lowercased, the port only when not the scheme's default, the path with dot
 // segments resolved and each segment percent-decoded then re-encoded one fixed way, no
 // trailing slash, no userinfo.
-func CanonicalURL(raw string) (string, error) {
+func canonicalURL(raw string) (string, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return "", err
@@ -91,7 +91,7 @@ func fileLabel(u *url.URL) string {
 // DefaultFileName is <label>-<hash>.db for a stream URL: hash is the first 32 hex digits
 // of SHA-256 over the canonical URL.
 func DefaultFileName(streamURL string) (string, error) {
-	canon, err := CanonicalURL(streamURL)
+	canon, err := canonicalURL(streamURL)
 	if err != nil {
 		return "", err
 	}

@@ -10,8 +10,9 @@ import (
 	"github.com/ncruces/go-sqlite3"
 	"github.com/ncruces/go-sqlite3/driver"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/replicator"
-	"github.com/ursula-go/ursula/streamcore"
+	"github.com/ursula-go/ursula/sqlitewal"
 )
 
 // Error is the typed error of a replicated database: errors.As(err, &e) with e a
@@ -26,13 +27,15 @@ type Options struct {
 	// ReadOnly rebuilds the file from the stream and opens it without claiming it.
 	ReadOnly bool
 	// Client overrides the HTTP client (tokens, transport).
-	Client *streamcore.Client
+	Client *client.Client
 	// Follow makes a read-only replica that follows the stream live: the file is rebuilt
 	// from the stream, then a background applier applies each new commit between read
 	// transactions (a read transaction keeps its snapshot), until the *sql.DB is closed.
 	// It implies ReadOnly: it claims nothing and never writes the stream. FollowStatus
 	// (and Status) report how far it got and why it stopped, if it did.
 	Follow bool
+
+	followReadBytes int // how much one read of a follower asks for; 0: the server's cap (tests lower it)
 }
 
 // Open attaches the database at opts.Path to the stream at streamURL and returns it as a
@@ -52,16 +55,16 @@ func Open(streamURL string, opts Options) (*sql.DB, error) {
 		return nil, err
 	}
 	register()
-	var db *Database
+	var db *sqlitewal.Database
 	if opts.ReadOnly && opts.Path == "" {
 		path, db, err = attachReadOnlySlot(path, streamURL, opts)
 	} else {
-		db, err = Attach(path, streamURL, AttachOptions{ReadOnly: opts.ReadOnly, Client: opts.Client})
+		db, err = sqlitewal.Attach(path, streamURL, sqlitewal.AttachOptions{ReadOnly: opts.ReadOnly, Client: opts.Client})
 	}
 	if err != nil {
 		return nil, err
 	}
-	dsn := "file:" + (&url.URL{Path: path}).EscapedPath() + "?vfs=" + Name
+	dsn := "file:" + (&url.URL{Path: path}).EscapedPath() + "?vfs=" + vfsName
 	if opts.ReadOnly {
 		dsn += "&mode=ro"
 	}
@@ -111,14 +114,14 @@ func Status(path string) (replicator.Status, error) {
 	if f := lookupFollower(abs); f != nil {
 		return f.status(), nil
 	}
-	db := Lookup(abs)
+	db := sqlitewal.Lookup(abs)
 	if db == nil {
 		return replicator.Status{}, &Error{Kind: replicator.KindNotFound, Action: replicator.ActionFix, Message: fmt.Sprintf("%s is not attached in this process", path)}
 	}
-	if db.replica == nil {
-		return replicator.Status{URL: db.url}, nil
+	if db.ReadOnly() {
+		return replicator.Status{URL: db.URL()}, nil
 	}
-	return db.replica.Status(), nil
+	return db.Replica().Status(), nil
 }
 
 // Stats drains the measurements of an attached database file of this process
@@ -131,27 +134,27 @@ func Stats(path string) (replicator.Stats, error) {
 	if lookupFollower(abs) != nil {
 		return replicator.Stats{}, nil
 	}
-	db := Lookup(abs)
+	db := sqlitewal.Lookup(abs)
 	if db == nil {
 		return replicator.Stats{}, &Error{Kind: replicator.KindNotFound, Action: replicator.ActionFix, Message: fmt.Sprintf("%s is not attached in this process", path)}
 	}
-	if db.replica == nil {
+	if db.ReadOnly() {
 		return replicator.Stats{}, nil
 	}
-	return db.replica.DrainStats(), nil
+	return db.Replica().DrainStats(), nil
 }
 
 // attachReadOnlySlot attaches a read-only copy under the default name: <name>-ro1.db up
 // to -ro8.db, the first not held by another reader (checklist-vfs H59), so readers run
 // beside the owner and each other.
-func attachReadOnlySlot(ownerPath, streamURL string, opts Options) (string, *Database, error) {
+func attachReadOnlySlot(ownerPath, streamURL string, opts Options) (string, *sqlitewal.Database, error) {
 	stem := strings.TrimSuffix(ownerPath, ".db")
 	for n := 1; n <= 8; n++ {
 		p := fmt.Sprintf("%s-ro%d.db", stem, n)
-		if Lookup(p) != nil {
+		if sqlitewal.Lookup(p) != nil {
 			continue // a reader of this process holds it
 		}
-		db, err := Attach(p, streamURL, AttachOptions{ReadOnly: true, Client: opts.Client})
+		db, err := sqlitewal.Attach(p, streamURL, sqlitewal.AttachOptions{ReadOnly: true, Client: opts.Client})
 		if e, ok := replicator.AsError(err); ok && e.Kind == replicator.KindInUse {
 			continue
 		}

@@ -1,8 +1,3 @@
-// Package vfs gives Go applications replicated SQLite databases: a SQLite VFS over the
-// OS VFS of github.com/ncruces/go-sqlite3 (pure Go, no cgo) that hands each commit of an
-// attached database to the replicator before it reaches the local WAL, and the public
-// API (Open, Status) on top of database/sql. Reads, locks and shared memory stay with the
-// OS VFS, so WAL mode with several connections works.
 package vfs
 
 import (
@@ -12,11 +7,11 @@ import (
 	"github.com/ncruces/go-sqlite3"
 	sqlvfs "github.com/ncruces/go-sqlite3/vfs"
 
-	"github.com/ursula-go/ursula/replicator"
+	"github.com/ursula-go/ursula/sqlitewal"
 )
 
-// Name is the VFS name registered with ncruces/go-sqlite3.
-const Name = "ursula"
+// vfsName is the VFS name registered with ncruces/go-sqlite3.
+const vfsName = "ursula"
 
 var registerOnce sync.Once
 
@@ -26,7 +21,7 @@ type ursulaVFS struct{ os sqlvfs.VFSFilename }
 
 func register() {
 	registerOnce.Do(func() {
-		sqlvfs.Register(Name, ursulaVFS{os: sqlvfs.Find("os").(sqlvfs.VFSFilename)})
+		sqlvfs.Register(vfsName, ursulaVFS{os: sqlvfs.Find("os").(sqlvfs.VFSFilename)})
 	})
 }
 
@@ -42,11 +37,11 @@ func (v ursulaVFS) OpenFilename(name *sqlvfs.Filename, flags sqlvfs.OpenFlag) (s
 	path := name.String()
 	switch {
 	case flags&sqlvfs.OPEN_WAL != 0:
-		if db := Lookup(strings.TrimSuffix(path, "-wal")); db != nil && db.replica != nil {
+		if db := sqlitewal.Lookup(strings.TrimSuffix(path, "-wal")); db != nil && !db.ReadOnly() {
 			return &walFile{File: f, db: db, wal: db.NewWAL(f)}, out, nil
 		}
 	case flags&sqlvfs.OPEN_MAIN_DB != 0:
-		if db := Lookup(path); db != nil {
+		if db := sqlitewal.Lookup(path); db != nil {
 			return &dbFile{File: f, db: db}, out, nil
 		}
 	}
@@ -66,7 +61,7 @@ func (v ursulaVFS) FullPathname(name string) (string, error) { return v.os.FullP
 // offers no memory mapping, so every read passes the check.
 type dbFile struct {
 	sqlvfs.File
-	db *Database
+	db *sqlitewal.Database
 }
 
 func (f *dbFile) ReadAt(p []byte, off int64) (int, error) {
@@ -118,8 +113,8 @@ func (f *dbFile) SetPowersafeOverwrite(psow bool) {
 // binding-independent WAL interception, reads check that the database is still usable.
 type walFile struct {
 	sqlvfs.File
-	db  *Database
-	wal *WAL
+	db  *sqlitewal.Database
+	wal *sqlitewal.WAL
 }
 
 func (w *walFile) Unwrap() sqlvfs.File { return w.File }
@@ -134,7 +129,7 @@ func (w *walFile) ReadAt(p []byte, off int64) (int, error) {
 func (w *walFile) WriteAt(p []byte, off int64) (int, error) {
 	n, err := w.wal.WriteAt(p, off)
 	if err != nil {
-		return 0, sqliteError(err)
+		return 0, sqlite3.ExtendedErrorCode(sqlitewal.ResultCode(err))
 	}
 	return n, nil
 }
@@ -142,20 +137,4 @@ func (w *walFile) WriteAt(p []byte, off int64) (int, error) {
 func (w *walFile) Truncate(size int64) error {
 	w.wal.Truncate()
 	return w.File.Truncate(size)
-}
-
-// sqliteError maps an error of the interception to the SQLite result code of
-// checklist-vfs V: a refused commit is SQLITE_IOERR_AUTH and leaves the file usable;
-// anything else is an I/O error.
-func sqliteError(err error) error {
-	switch err {
-	case errIORead:
-		return sqlite3.IOERR_READ
-	case errIOWrite:
-		return sqlite3.IOERR_WRITE
-	}
-	if e, ok := replicator.AsError(err); ok && (e.Action == replicator.ActionRetry || e.Kind == replicator.KindTooLarge || e.Kind == replicator.KindFenced) {
-		return sqlite3.IOERR_AUTH
-	}
-	return sqlite3.IOERR_WRITE
 }

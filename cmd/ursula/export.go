@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/replicator"
 	"github.com/ursula-go/ursula/streamcore"
 )
@@ -58,7 +59,7 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	c, err := streamcore.NewClient("")
+	c, err := client.New("")
 	if err != nil {
 		return err
 	}

@@ -16,7 +16,7 @@ import (
 
 	"github.com/anishathalye/porcupine"
 
-	"github.com/ursula-go/ursula/streamcore"
+	"github.com/ursula-go/ursula/client"
 )
 
 const chaosGroups = 8
@@ -108,14 +108,14 @@ func TestKillLeaderDuringProducerAppends(t *testing.T) {
 	for s := range streams {
 		keys[s] = fmt.Sprintf("stream%d", s)
 	}
-	cl, err := streamcore.NewClient("", streamcore.WithTimeouts(5*time.Second, 5*time.Second))
+	cl, err := client.New("", client.WithTimeouts(5*time.Second, 5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
 	urlOn := func(n *node, key string) string { return n.url + "/chaos/" + key }
 	for _, k := range keys {
-		if _, err := retry(ctx, c, func(n *node) (*streamcore.WriteResult, error) {
-			return cl.Create(ctx, urlOn(n, k), streamcore.CreateOptions{ContentType: "text/plain"})
+		if _, err := retry(ctx, c, func(n *node) (*client.WriteResult, error) {
+			return cl.Create(ctx, urlOn(n, k), client.CreateOptions{ContentType: "text/plain"})
 		}); err != nil {
 			t.Fatalf("create %s: %v", k, err)
 		}
@@ -135,9 +135,9 @@ func TestKillLeaderDuringProducerAppends(t *testing.T) {
 				for seq := uint64(0); !stop.Load(); seq++ {
 					rec := fmt.Sprintf("%s:%d;", pid, seq)
 					call := time.Now()
-					res, err := retry(ctx, c, func(n *node) (*streamcore.WriteResult, error) {
-						return cl.Append(ctx, urlOn(n, k), []byte(rec), streamcore.AppendOptions{ContentType: "text/plain",
-							Producer: &streamcore.ProducerKey{ID: pid, Epoch: 0, Seq: seq}})
+					res, err := retry(ctx, c, func(n *node) (*client.WriteResult, error) {
+						return cl.Append(ctx, urlOn(n, k), []byte(rec), client.AppendOptions{ContentType: "text/plain",
+							Producer: &client.ProducerKey{ID: pid, Epoch: 0, Seq: seq}})
 					})
 					if err != nil {
 						// Only the test deadline ends a retry loop; the write stays unknown,
@@ -166,7 +166,7 @@ func TestKillLeaderDuringProducerAppends(t *testing.T) {
 			for i := 0; !stop.Load(); i++ {
 				n := c.nodes[i%3]
 				call := time.Now()
-				rr, err := cl.Read(ctx, urlOn(n, k), streamcore.ReadOptions{Offset: "-1", Consistency: "leader"})
+				rr, err := cl.Read(ctx, urlOn(n, k), client.ReadOptions{Offset: "-1", Consistency: "leader"})
 				if err != nil {
 					time.Sleep(20 * time.Millisecond)
 					continue // a failed read has no effect
@@ -216,7 +216,7 @@ func TestKillLeaderDuringProducerAppends(t *testing.T) {
 	// Every node converges on the same content, with every acknowledged append once and in
 	// producer order.
 	for _, k := range keys {
-		lr, err := cl.Read(ctx, urlOn(c.nodes[0], k), streamcore.ReadOptions{Offset: "-1", Consistency: "leader", MaxBytes: 8 << 20})
+		lr, err := cl.Read(ctx, urlOn(c.nodes[0], k), client.ReadOptions{Offset: "-1", Consistency: "leader", MaxBytes: 8 << 20})
 		if err != nil {
 			t.Fatalf("leader read %s: %v", k, err)
 		}
@@ -256,7 +256,7 @@ func TestKillLeaderDuringProducerAppends(t *testing.T) {
 
 // retry sends a write to the nodes in turn until it is acknowledged, retrying every
 // not-applied and unknown outcome (the producer key makes a repeat safe).
-func retry(ctx context.Context, c *testCluster, f func(*node) (*streamcore.WriteResult, error)) (*streamcore.WriteResult, error) {
+func retry(ctx context.Context, c *testCluster, f func(*node) (*client.WriteResult, error)) (*client.WriteResult, error) {
 	var last error
 	for i := 0; ; i++ {
 		if ctx.Err() != nil {
@@ -267,7 +267,7 @@ func retry(ctx context.Context, c *testCluster, f func(*node) (*streamcore.Write
 			return res, nil
 		}
 		last = err
-		var ce *streamcore.ClientError
+		var ce *client.Error
 		if errors.As(err, &ce) && ce.Status >= 400 && ce.Status < 500 && ce.Status != http.StatusRequestTimeout {
 			return nil, err // a protocol refusal: retrying cannot help
 		}
@@ -277,12 +277,12 @@ func retry(ctx context.Context, c *testCluster, f func(*node) (*streamcore.Write
 
 // converge reads url until it equals want, so a follower that trails the leader by a commit
 // round catches up.
-func converge(t *testing.T, cl *streamcore.Client, url, want string) string {
+func converge(t *testing.T, cl *client.Client, url, want string) string {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	prev := "\x00"
 	for {
-		rr, err := cl.Read(context.Background(), url, streamcore.ReadOptions{Offset: "-1", MaxBytes: 8 << 20})
+		rr, err := cl.Read(context.Background(), url, client.ReadOptions{Offset: "-1", MaxBytes: 8 << 20})
 		if err == nil {
 			got := string(rr.Data)
 			if got == want {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -94,15 +95,15 @@ func TestPartitionedLeaderAcknowledgesNothing(t *testing.T) {
 	c.startAll()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cl, _ := streamcore.NewClient("", streamcore.WithTimeouts(5*time.Second, 5*time.Second))
+	cl, _ := client.New("", client.WithTimeouts(5*time.Second, 5*time.Second))
 	key := "part/stream"
 	g := uint64(0)
 	{
 		h := fnvGroup(key, 4)
 		g = h
 	}
-	if _, err := retry(ctx, c, func(n *node) (*streamcore.WriteResult, error) {
-		return cl.Create(ctx, n.url+"/"+key, streamcore.CreateOptions{ContentType: "text/plain"})
+	if _, err := retry(ctx, c, func(n *node) (*client.WriteResult, error) {
+		return cl.Create(ctx, n.url+"/"+key, client.CreateOptions{ContentType: "text/plain"})
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -148,8 +149,8 @@ func TestPartitionedLeaderAcknowledgesNothing(t *testing.T) {
 		t.Error("the isolated node never answered 503 NotLeader (marked) after stepping down")
 	}
 	// The majority goes on.
-	if _, err := retry(ctx, &testCluster{nodes: c.nodes[:2]}, func(n *node) (*streamcore.WriteResult, error) {
-		return cl.Append(ctx, n.url+"/"+key, []byte("majority;"), streamcore.AppendOptions{ContentType: "text/plain", Producer: &streamcore.ProducerKey{ID: "maj", Seq: 0}})
+	if _, err := retry(ctx, &testCluster{nodes: c.nodes[:2]}, func(n *node) (*client.WriteResult, error) {
+		return cl.Append(ctx, n.url+"/"+key, []byte("majority;"), client.AppendOptions{ContentType: "text/plain", Producer: &client.ProducerKey{ID: "maj", Seq: 0}})
 	}); err != nil {
 		t.Fatalf("majority write: %v", err)
 	}
@@ -157,7 +158,7 @@ func TestPartitionedLeaderAcknowledgesNothing(t *testing.T) {
 	for _, p := range proxies {
 		p.blackhole(false)
 	}
-	lr, err := cl.Read(ctx, c.nodes[0].url+"/"+key, streamcore.ReadOptions{Offset: "-1", Consistency: "leader"})
+	lr, err := cl.Read(ctx, c.nodes[0].url+"/"+key, client.ReadOptions{Offset: "-1", Consistency: "leader"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,13 +1,11 @@
-package streamcore
+package client
 
 import (
 	"bytes"
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"iter"
 	"net"
@@ -20,18 +18,18 @@ import (
 	"sync/atomic"
 	"time"
 
-	"lukechampine.com/blake3"
+	"github.com/ursula-go/ursula/streamcore"
 )
 
 // Client speaks the Durable Streams protocol with the Ursula extensions. It is safe for
 // concurrent use. Every write answer is classified as Applied, NotApplied or Unknown
-// (see OutcomePolicy.Classify); failures come back as *ClientError.
+// (see OutcomePolicy.Classify); failures come back as *Error.
 //
 // Stream-addressed methods take the stream URL: a full URL such as
 // http://127.0.0.1:4437/bucket/stream, or a reference resolved against the base URL given
-// to NewClient (for example "bucket/stream").
+// to New (for example "bucket/stream").
 type Client struct {
-	// HTTP sends the requests. NewClient installs a keep-alive transport; a client given
+	// HTTP sends the requests. New installs a keep-alive transport; a client given
 	// with WithHTTPClient is copied and its redirect following turned off (the client
 	// follows redirects itself, only where they prove the write applied nothing).
 	HTTP *http.Client
@@ -51,11 +49,11 @@ type Client struct {
 	token atomic.Pointer[string]
 }
 
-// ClientOption configures NewClient.
-type ClientOption func(*Client)
+// Option configures New.
+type Option func(*Client)
 
 // WithHTTPClient sends requests with hc (copied; its redirect following is turned off).
-func WithHTTPClient(hc *http.Client) ClientOption {
+func WithHTTPClient(hc *http.Client) Option {
 	return func(c *Client) {
 		cp := *hc
 		cp.CheckRedirect = noRedirect
@@ -64,23 +62,23 @@ func WithHTTPClient(hc *http.Client) ClientOption {
 }
 
 // WithToken sets the bearer token sent as "Authorization: Bearer <token>".
-func WithToken(token string) ClientOption { return func(c *Client) { c.SetToken(token) } }
+func WithToken(token string) Option { return func(c *Client) { c.SetToken(token) } }
 
 // WithPolicy sets the outcome classification policy.
-func WithPolicy(p OutcomePolicy) ClientOption { return func(c *Client) { c.Policy = p } }
+func WithPolicy(p OutcomePolicy) Option { return func(c *Client) { c.Policy = p } }
 
 // WithTimeouts sets the default write and read timeouts.
-func WithTimeouts(write, read time.Duration) ClientOption {
+func WithTimeouts(write, read time.Duration) Option {
 	return func(c *Client) { c.WriteTimeout, c.ReadTimeout = write, read }
 }
 
 // WithUserAgent sets the User-Agent header.
-func WithUserAgent(ua string) ClientOption { return func(c *Client) { c.UserAgent = ua } }
+func WithUserAgent(ua string) Option { return func(c *Client) { c.UserAgent = ua } }
 
-// NewClient returns a client. baseURL may be empty when every call passes full URLs;
+// New returns a client. baseURL may be empty when every call passes full URLs;
 // otherwise it is the prefix relative references resolve under (a trailing "/" is implied,
 // so with base http://h/bucket the reference "s" names http://h/bucket/s).
-func NewClient(baseURL string, opts ...ClientOption) (*Client, error) {
+func New(baseURL string, opts ...Option) (*Client, error) {
 	c := &Client{
 		HTTP:         &http.Client{Transport: NewTransport(), CheckRedirect: noRedirect},
 		WriteTimeout: 30 * time.Second,
@@ -106,7 +104,7 @@ func NewClient(baseURL string, opts ...ClientOption) (*Client, error) {
 	return c, nil
 }
 
-// NewTransport returns the keep-alive transport NewClient uses: connections are reused
+// NewTransport returns the keep-alive transport New uses: connections are reused
 // (many idle ones per host, for concurrent writers and live readers), dialing and TLS are
 // bounded, and no proxy is consulted.
 func NewTransport() *http.Transport {
@@ -137,41 +135,13 @@ func StreamURL(base, bucket, stream string) string {
 	return strings.TrimRight(base, "/") + "/" + url.PathEscape(bucket) + "/" + url.PathEscape(stream)
 }
 
-// ProducerDigestOf is the Producer-Digest of a body: lowercase hex BLAKE3-256 (checklist 10.20).
-func ProducerDigestOf(body []byte) string {
-	sum := blake3.Sum256(body)
-	return hex.EncodeToString(sum[:])
-}
-
-// SnapshotDigestOf is the Stream-Snapshot-Digest of a snapshot: lowercase hex BLAKE3 of
-// u64 little-endian len(content type) || content type || body (checklist 21.3).
-func SnapshotDigestOf(contentType string, body []byte) string {
-	h := NewSnapshotDigest(contentType)
-	h.Write(body)
-	return hex.EncodeToString(h.Sum(nil))
-}
-
-// NewSnapshotDigest returns a hash to which a snapshot body is written piece by piece, so a
-// body too large to hold is digested as it streams; hex of its Sum is SnapshotDigestOf.
-func NewSnapshotDigest(contentType string) hash.Hash {
-	h := blake3.New(32, nil)
-	var n [8]byte
-	l := uint64(len(contentType))
-	for i := range n {
-		n[i] = byte(l >> (8 * i))
-	}
-	h.Write(n[:])
-	h.Write([]byte(contentType))
-	return h
-}
-
 // ---------------------------------------------------------------------------------------
 // Errors
 
-// ClientError is a request that did not succeed: an error answer, an answer the client
+// Error is a request that did not succeed: an error answer, an answer the client
 // cannot read as success, or no answer at all (Status 0, Err set). Outcome says what it
 // proves about a write; for reads, which change nothing, it is NotApplied.
-type ClientError struct {
+type Error struct {
 	Op      string // "append", "create", "read", ...
 	Method  string
 	URL     string
@@ -205,7 +175,7 @@ type ClientError struct {
 	MaxRequestBytes     int64
 }
 
-func (e *ClientError) Error() string {
+func (e *Error) Error() string {
 	var b strings.Builder
 	b.WriteString("ursula ")
 	b.WriteString(e.Op)
@@ -235,19 +205,19 @@ func (e *ClientError) Error() string {
 	return b.String()
 }
 
-func (e *ClientError) Unwrap() error { return e.Err }
+func (e *Error) Unwrap() error { return e.Err }
 
 // Fenced reports a producer 403 (it carries Producer-Epoch): a newer epoch of the producer
 // owns the stream, or the key conflicts, or the producer expired (see ProducerOutcome).
-func (e *ClientError) Fenced() bool { return e.Status == http.StatusForbidden && e.ProducerEpoch >= 0 }
+func (e *Error) Fenced() bool { return e.Status == http.StatusForbidden && e.ProducerEpoch >= 0 }
 
 // OutcomeOf returns what err proves about a write: Applied for nil, the outcome of a
-// *ClientError, Unknown for anything else.
+// *Error, Unknown for anything else.
 func OutcomeOf(err error) Outcome {
 	if err == nil {
 		return Applied
 	}
-	var ce *ClientError
+	var ce *Error
 	if errors.As(err, &ce) {
 		return ce.Outcome
 	}
@@ -345,8 +315,8 @@ type BootstrapResult struct {
 	UpToDate       bool   // complete form: the updates reach the tail
 	Closed         bool
 	Incarnation    string
-	Snapshot       Part   // first part (empty application/octet-stream when no snapshot)
-	Updates        []Part // update parts, contiguous bytes [snapshot point, NextOffset)
+	Snapshot       streamcore.Part   // first part (empty application/octet-stream when no snapshot)
+	Updates        []streamcore.Part // update parts, contiguous bytes [snapshot point, NextOffset)
 	Header         http.Header
 }
 
@@ -434,19 +404,19 @@ type SubscribeOptions struct {
 func (c *Client) Create(ctx context.Context, streamURL string, o CreateOptions) (*WriteResult, error) {
 	h := make(http.Header, 8)
 	if o.ContentType != "" {
-		h.Set(HdrContentType, o.ContentType)
+		h.Set(streamcore.HdrContentType, o.ContentType)
 	}
 	if o.TTL > 0 {
-		h.Set(HdrStreamTTL, strconv.FormatInt(int64(o.TTL/time.Second), 10))
+		h.Set(streamcore.HdrStreamTTL, strconv.FormatInt(int64(o.TTL/time.Second), 10))
 	}
 	if !o.ExpiresAt.IsZero() {
-		h.Set(HdrStreamExpiresAt, o.ExpiresAt.UTC().Format(time.RFC3339Nano))
+		h.Set(streamcore.HdrStreamExpiresAt, o.ExpiresAt.UTC().Format(time.RFC3339Nano))
 	}
 	if o.Closed {
-		h.Set(HdrStreamClosed, "true")
+		h.Set(streamcore.HdrStreamClosed, "true")
 	}
 	if o.StreamSeq != "" {
-		h.Set(HdrStreamSeq, o.StreamSeq)
+		h.Set(streamcore.HdrStreamSeq, o.StreamSeq)
 	}
 	setCall(h, CallOptions{IfIncarnation: o.IfIncarnation, Header: o.Header})
 	return c.write(ctx, "create", WriteCreate, http.MethodPut, streamURL, h, o.Body)
@@ -464,23 +434,23 @@ func (c *Client) CreateBucket(ctx context.Context, bucketURL string, o ...CallOp
 func (c *Client) Append(ctx context.Context, streamURL string, body []byte, o AppendOptions) (*WriteResult, error) {
 	h := make(http.Header, 10)
 	if o.ContentType != "" {
-		h.Set(HdrContentType, o.ContentType)
+		h.Set(streamcore.HdrContentType, o.ContentType)
 	}
 	kind := WriteAppend
 	if p := o.Producer; p != nil {
 		kind = WriteProducer
-		h.Set(HdrProducerID, p.ID)
-		h.Set(HdrProducerEpoch, strconv.FormatUint(p.Epoch, 10))
-		h.Set(HdrProducerSeq, strconv.FormatUint(p.Seq, 10))
+		h.Set(streamcore.HdrProducerID, p.ID)
+		h.Set(streamcore.HdrProducerEpoch, strconv.FormatUint(p.Epoch, 10))
+		h.Set(streamcore.HdrProducerSeq, strconv.FormatUint(p.Seq, 10))
 	}
 	if o.Digest {
-		h.Set(HdrProducerDigest, ProducerDigestOf(body))
+		h.Set(streamcore.HdrProducerDigest, streamcore.ProducerDigestOf(body))
 	}
 	if o.StreamSeq != "" {
-		h.Set(HdrStreamSeq, o.StreamSeq)
+		h.Set(streamcore.HdrStreamSeq, o.StreamSeq)
 	}
 	if o.Close {
-		h.Set(HdrStreamClosed, "true")
+		h.Set(streamcore.HdrStreamClosed, "true")
 	}
 	setCall(h, CallOptions{IfIncarnation: o.IfIncarnation, Header: o.Header})
 	op := "append"
@@ -508,7 +478,7 @@ func (c *Client) Delete(ctx context.Context, streamURL string, o ...CallOptions)
 func (c *Client) PublishSnapshot(ctx context.Context, streamURL, offset, contentType string, body []byte, o ...CallOptions) (*WriteResult, error) {
 	h := make(http.Header, 4)
 	if contentType != "" {
-		h.Set(HdrContentType, contentType)
+		h.Set(streamcore.HdrContentType, contentType)
 	}
 	setCall(h, firstCall(o))
 	return c.write(ctx, "publish snapshot", WritePublishSnapshot, http.MethodPut, subURL(streamURL, "snapshot", offset), h, body)
@@ -526,10 +496,10 @@ func (c *Client) StageSnapshotPart(ctx context.Context, streamURL, offset string
 func (c *Client) CommitSnapshotParts(ctx context.Context, streamURL, offset, contentType, digest string, partIDs []string, o ...CallOptions) (*WriteResult, error) {
 	h := make(http.Header, 6)
 	if contentType != "" {
-		h.Set(HdrContentType, contentType)
+		h.Set(streamcore.HdrContentType, contentType)
 	}
-	h.Set(HdrSnapshotParts, strconv.Itoa(len(partIDs)))
-	h.Set(HdrSnapshotDigest, digest)
+	h.Set(streamcore.HdrSnapshotParts, strconv.Itoa(len(partIDs)))
+	h.Set(streamcore.HdrSnapshotDigest, digest)
 	setCall(h, firstCall(o))
 	var body []byte
 	for _, id := range partIDs {
@@ -580,7 +550,7 @@ func (c *Client) Read(ctx context.Context, streamURL string, o ReadOptions) (*Re
 				timeout += o.Timeout
 			}
 		} else if timeout > 0 {
-			timeout += time.Duration(DefaultLongPollMs) * time.Millisecond
+			timeout += time.Duration(streamcore.DefaultLongPollMs) * time.Millisecond
 		}
 	}
 	if o.MaxBytes > 0 {
@@ -607,13 +577,13 @@ func (c *Client) Read(ctx context.Context, streamURL string, o ReadOptions) (*Re
 	defer resp.Body.Close()
 	r := &ReadResult{
 		Status:      resp.StatusCode,
-		NextOffset:  resp.Header.Get(HdrStreamNextOff),
-		UpToDate:    flag(resp.Header, HdrStreamUpToDate),
-		Closed:      flag(resp.Header, HdrStreamClosed),
-		Incarnation: resp.Header.Get(HdrIncarnation),
+		NextOffset:  resp.Header.Get(streamcore.HdrStreamNextOff),
+		UpToDate:    flag(resp.Header, streamcore.HdrStreamUpToDate),
+		Closed:      flag(resp.Header, streamcore.HdrStreamClosed),
+		Incarnation: resp.Header.Get(streamcore.HdrIncarnation),
 		ETag:        resp.Header.Get("ETag"),
-		Cursor:      resp.Header.Get(HdrStreamCursor),
-		ContentType: resp.Header.Get(HdrContentType),
+		Cursor:      resp.Header.Get(streamcore.HdrStreamCursor),
+		ContentType: resp.Header.Get(streamcore.HdrContentType),
 		NotModified: resp.StatusCode == http.StatusNotModified,
 		Header:      resp.Header,
 	}
@@ -635,21 +605,21 @@ func (c *Client) Head(ctx context.Context, streamURL string, o ...CallOptions) (
 	resp.Body.Close()
 	rh := resp.Header
 	return &StreamInfo{
-		ContentType:         rh.Get(HdrContentType),
-		NextOffset:          rh.Get(HdrStreamNextOff),
-		Closed:              flag(rh, HdrStreamClosed),
-		TTL:                 optInt(rh, HdrStreamTTL),
-		ExpiresAt:           rh.Get(HdrStreamExpiresAt),
-		RetainedOffset:      rh.Get(HdrRetainedOffset),
-		SnapshotOffset:      rh.Get(HdrSnapshotOffset),
-		SnapshotDigest:      rh.Get(HdrSnapshotDigest),
-		Incarnation:         rh.Get(HdrIncarnation),
+		ContentType:         rh.Get(streamcore.HdrContentType),
+		NextOffset:          rh.Get(streamcore.HdrStreamNextOff),
+		Closed:              flag(rh, streamcore.HdrStreamClosed),
+		TTL:                 optInt(rh, streamcore.HdrStreamTTL),
+		ExpiresAt:           rh.Get(streamcore.HdrStreamExpiresAt),
+		RetainedOffset:      rh.Get(streamcore.HdrRetainedOffset),
+		SnapshotOffset:      rh.Get(streamcore.HdrSnapshotOffset),
+		SnapshotDigest:      rh.Get(streamcore.HdrSnapshotDigest),
+		Incarnation:         rh.Get(streamcore.HdrIncarnation),
 		PreviousIncarnation: rh.Get("Stream-Previous-Incarnation"),
 		InheritedOffset:     rh.Get("Stream-Inherited-Offset"),
-		MaxRequestBytes:     optInt(rh, HdrMaxRequestBytes),
-		MaxSnapshotBytes:    optInt(rh, HdrMaxSnapshotBytes),
-		Protocol:            rh.Get(HdrUrsulaProtocol),
-		ClusterID:           rh.Get(HdrUrsulaClusterID),
+		MaxRequestBytes:     optInt(rh, streamcore.HdrMaxRequestBytes),
+		MaxSnapshotBytes:    optInt(rh, streamcore.HdrMaxSnapshotBytes),
+		Protocol:            rh.Get(streamcore.HdrUrsulaProtocol),
+		ClusterID:           rh.Get(streamcore.HdrUrsulaClusterID),
 		Header:              rh,
 	}, nil
 }
@@ -676,12 +646,12 @@ func (c *Client) ReadSnapshot(ctx context.Context, streamURL, offset string, o .
 	rh := resp.Header
 	r := &SnapshotResult{
 		Status:       resp.StatusCode,
-		ContentType:  rh.Get(HdrContentType),
-		Offset:       rh.Get(HdrSnapshotOffset),
-		Digest:       rh.Get(HdrSnapshotDigest),
-		NextOffset:   rh.Get(HdrStreamNextOff),
-		UpToDate:     flag(rh, HdrStreamUpToDate),
-		Incarnation:  rh.Get(HdrIncarnation),
+		ContentType:  rh.Get(streamcore.HdrContentType),
+		Offset:       rh.Get(streamcore.HdrSnapshotOffset),
+		Digest:       rh.Get(streamcore.HdrSnapshotDigest),
+		NextOffset:   rh.Get(streamcore.HdrStreamNextOff),
+		UpToDate:     flag(rh, streamcore.HdrStreamUpToDate),
+		Incarnation:  rh.Get(streamcore.HdrIncarnation),
 		ETag:         rh.Get("ETag"),
 		ContentRange: rh.Get("Content-Range"),
 		NotModified:  resp.StatusCode == http.StatusNotModified,
@@ -704,7 +674,7 @@ func (c *Client) Bootstrap(ctx context.Context, streamURL string, o ...CallOptio
 	}
 	defer resp.Body.Close()
 	rh := resp.Header
-	parts, perr := ReadMultipart(rh.Get(HdrContentType), resp.Body)
+	parts, perr := streamcore.ReadMultipart(rh.Get(streamcore.HdrContentType), resp.Body)
 	if perr != nil {
 		ce := newErr("bootstrap", http.MethodGet, u, NotApplied, perr, "")
 		ce.Status, ce.Header = resp.StatusCode, rh
@@ -716,11 +686,11 @@ func (c *Client) Bootstrap(ctx context.Context, streamURL string, o ...CallOptio
 		return nil, ce
 	}
 	return &BootstrapResult{
-		SnapshotOffset: rh.Get(HdrSnapshotOffset),
-		NextOffset:     rh.Get(HdrStreamNextOff),
-		UpToDate:       flag(rh, HdrStreamUpToDate),
-		Closed:         flag(rh, HdrStreamClosed),
-		Incarnation:    rh.Get(HdrIncarnation),
+		SnapshotOffset: rh.Get(streamcore.HdrSnapshotOffset),
+		NextOffset:     rh.Get(streamcore.HdrStreamNextOff),
+		UpToDate:       flag(rh, streamcore.HdrStreamUpToDate),
+		Closed:         flag(rh, streamcore.HdrStreamClosed),
+		Incarnation:    rh.Get(streamcore.HdrIncarnation),
 		Snapshot:       parts[0],
 		Updates:        parts[1:],
 		Header:         rh,
@@ -734,7 +704,7 @@ func (c *Client) Bootstrap(ctx context.Context, streamURL string, o ...CallOptio
 type SSEMessage struct {
 	Kind    string // "data" or "control"
 	Data    []byte // payload of a data event (base64 already decoded)
-	Control SSEControl
+	Control streamcore.SSEControl
 }
 
 // Subscription is a live SSE read. Next returns events in order; Close ends it.
@@ -747,13 +717,13 @@ type Subscription struct {
 	url       string
 	body      io.ReadCloser
 	cancel    context.CancelFunc
-	r         *SSEReader
+	r         *streamcore.SSEReader
 	closed    atomic.Bool
 	closeOnce sync.Once
 }
 
 // Subscribe opens an SSE read (live=sse). Request errors (400, 404, 410, 412, ...) come
-// back here as *ClientError; errors after the stream started come from Next.
+// back here as *Error; errors after the stream started come from Next.
 func (c *Client) Subscribe(ctx context.Context, streamURL string, o SubscribeOptions) (*Subscription, error) {
 	off := o.Offset
 	if off == "" {
@@ -784,18 +754,18 @@ func (c *Client) Subscribe(ctx context.Context, streamURL string, o SubscribeOpt
 	}
 	return &Subscription{
 		Header:          resp.Header,
-		DataContentType: resp.Header.Get(HdrSSEDataType),
-		Base64:          strings.EqualFold(resp.Header.Get(HdrSSEEncoding), "base64"),
-		Incarnation:     resp.Header.Get(HdrIncarnation),
+		DataContentType: resp.Header.Get(streamcore.HdrSSEDataType),
+		Base64:          strings.EqualFold(resp.Header.Get(streamcore.HdrSSEEncoding), "base64"),
+		Incarnation:     resp.Header.Get(streamcore.HdrIncarnation),
 		url:             u,
 		body:            resp.Body,
 		cancel:          cancel,
-		r:               NewSSEReader(resp.Body),
+		r:               streamcore.NewSSEReader(resp.Body),
 	}, nil
 }
 
 // Next returns the next data or control event. It returns io.EOF when the server ended the
-// stream (after a control event with StreamClosed) or after Close, a *ClientError for an
+// stream (after a control event with StreamClosed) or after Close, a *Error for an
 // `event: error` (Code and Message of its body) or a broken connection (Err set). Unknown
 // event types are skipped. Next must not be called concurrently; Close may be, to end a
 // blocked Next.
@@ -815,14 +785,14 @@ func (s *Subscription) Next() (SSEMessage, error) {
 		}
 		switch ev.Type {
 		case "data":
-			d, err := DecodeSSEData(ev, s.Base64)
+			d, err := streamcore.DecodeSSEData(ev, s.Base64)
 			if err != nil {
 				s.Close()
 				return SSEMessage{}, newErr("subscribe", http.MethodGet, s.url, NotApplied, err, "undecodable data event: "+err.Error())
 			}
 			return SSEMessage{Kind: "data", Data: d}, nil
 		case "control":
-			var ctl SSEControl
+			var ctl streamcore.SSEControl
 			if err := json.Unmarshal(ev.Data, &ctl); err != nil {
 				s.Close()
 				return SSEMessage{}, newErr("subscribe", http.MethodGet, s.url, NotApplied, err, "undecodable control event: "+err.Error())
@@ -831,7 +801,7 @@ func (s *Subscription) Next() (SSEMessage, error) {
 		case "error":
 			s.Close()
 			ce := newErr("subscribe", http.MethodGet, s.url, NotApplied, nil, "")
-			if d, ok := ParseErrorBody(ev.Data); ok {
+			if d, ok := streamcore.ParseErrorBody(ev.Data); ok {
 				ce.Code, ce.Message = d.Code, d.Message
 			} else {
 				ce.Message = clipBody(ev.Data)
@@ -872,7 +842,7 @@ func (s *Subscription) Close() error {
 
 func setCall(h http.Header, o CallOptions) {
 	if o.IfIncarnation != "" {
-		h.Set(HdrIncarnation, o.IfIncarnation)
+		h.Set(streamcore.HdrIncarnation, o.IfIncarnation)
 	}
 	for k, vs := range o.Header {
 		for _, v := range vs {
@@ -1000,7 +970,7 @@ func (c *Client) write(ctx context.Context, op string, kind WriteKind, method, r
 			return nil, ce
 		}
 		eb := readErrorBody(resp)
-		if d, ok := ParseErrorBody(eb); ok {
+		if d, ok := streamcore.ParseErrorBody(eb); ok {
 			a.Code = d.Code
 		}
 		outcome := c.Policy.Classify(a)
@@ -1080,17 +1050,17 @@ func resolveAgainst(base, loc string) (string, error) {
 	return b.ResolveReference(l).String(), nil
 }
 
-// newErr is a ClientError without an answer (typed header fields -1).
-func newErr(op, method, u string, outcome Outcome, err error, msg string) *ClientError {
+// newErr is a Error without an answer (typed header fields -1).
+func newErr(op, method, u string, outcome Outcome, err error, msg string) *Error {
 	if msg == "" && err != nil {
 		msg = err.Error()
 	}
-	return &ClientError{Op: op, Method: method, URL: u, Err: err, Message: msg, Outcome: outcome,
+	return &Error{Op: op, Method: method, URL: u, Err: err, Message: msg, Outcome: outcome,
 		ProducerEpoch: -1, ProducerSeq: -1, ProducerExpectedSeq: -1, ProducerReceivedSeq: -1,
 		ProducerClosedEpoch: -1, ProducerClosedSeq: -1, MaxRequestBytes: -1}
 }
 
-func (c *Client) transportError(op, method, u string, err error, sent, read bool) *ClientError {
+func (c *Client) transportError(op, method, u string, err error, sent, read bool) *Error {
 	ce := newErr(op, method, u, Unknown, err, "")
 	if read {
 		ce.Outcome = NotApplied
@@ -1115,30 +1085,30 @@ func clipBody(b []byte) string {
 	return s
 }
 
-// answerError builds the ClientError of an HTTP answer (Outcome left to the caller).
-func (c *Client) answerError(op, method, u string, resp *http.Response, body []byte) *ClientError {
+// answerError builds the Error of an HTTP answer (Outcome left to the caller).
+func (c *Client) answerError(op, method, u string, resp *http.Response, body []byte) *Error {
 	h := resp.Header
-	ce := &ClientError{
+	ce := &Error{
 		Op: op, Method: method, URL: u, Status: resp.StatusCode, Header: h,
-		NotApplied:          h.Get(HdrNotApplied),
-		ProducerEpoch:       optInt(h, HdrProducerEpoch),
-		ProducerSeq:         optInt(h, HdrProducerSeq),
-		ProducerExpectedSeq: optInt(h, HdrProducerExpectedSeq),
-		ProducerReceivedSeq: optInt(h, HdrProducerReceivedSeq),
-		ProducerClosedEpoch: optInt(h, HdrProducerClosedEpoch),
-		ProducerClosedSeq:   optInt(h, HdrProducerClosedSeq),
-		ProducerOutcome:     h.Get(HdrProducerOutcome),
-		StreamLastSeq:       h.Get(HdrStreamLastSeq),
-		StreamNextOffset:    h.Get(HdrStreamNextOff),
-		StreamClosed:        flag(h, HdrStreamClosed),
-		Incarnation:         h.Get(HdrIncarnation),
-		SnapshotOffset:      h.Get(HdrSnapshotOffset),
-		SnapshotDigest:      h.Get(HdrSnapshotDigest),
-		RetryAfter:          retryAfter(h.Get(HdrRetryAfter)),
+		NotApplied:          h.Get(streamcore.HdrNotApplied),
+		ProducerEpoch:       optInt(h, streamcore.HdrProducerEpoch),
+		ProducerSeq:         optInt(h, streamcore.HdrProducerSeq),
+		ProducerExpectedSeq: optInt(h, streamcore.HdrProducerExpectedSeq),
+		ProducerReceivedSeq: optInt(h, streamcore.HdrProducerReceivedSeq),
+		ProducerClosedEpoch: optInt(h, streamcore.HdrProducerClosedEpoch),
+		ProducerClosedSeq:   optInt(h, streamcore.HdrProducerClosedSeq),
+		ProducerOutcome:     h.Get(streamcore.HdrProducerOutcome),
+		StreamLastSeq:       h.Get(streamcore.HdrStreamLastSeq),
+		StreamNextOffset:    h.Get(streamcore.HdrStreamNextOff),
+		StreamClosed:        flag(h, streamcore.HdrStreamClosed),
+		Incarnation:         h.Get(streamcore.HdrIncarnation),
+		SnapshotOffset:      h.Get(streamcore.HdrSnapshotOffset),
+		SnapshotDigest:      h.Get(streamcore.HdrSnapshotDigest),
+		RetryAfter:          retryAfter(h.Get(streamcore.HdrRetryAfter)),
 		Location:            h.Get("Location"),
-		MaxRequestBytes:     optInt(h, HdrMaxRequestBytes),
+		MaxRequestBytes:     optInt(h, streamcore.HdrMaxRequestBytes),
 	}
-	if d, ok := ParseErrorBody(body); ok {
+	if d, ok := streamcore.ParseErrorBody(body); ok {
 		ce.Code, ce.Message = d.Code, d.Message
 	} else if len(body) > 0 {
 		ce.Message = clipBody(body)
@@ -1150,28 +1120,28 @@ func (c *Client) answerError(op, method, u string, resp *http.Response, body []b
 
 func writeResult(resp *http.Response) *WriteResult {
 	h := resp.Header
-	po := h.Get(HdrProducerOutcome)
+	po := h.Get(streamcore.HdrProducerOutcome)
 	r := &WriteResult{
 		Status:              resp.StatusCode,
 		Header:              h,
 		Created:             resp.StatusCode == http.StatusCreated,
 		Location:            h.Get("Location"),
-		ContentType:         h.Get(HdrContentType),
-		Offset:              h.Get(HdrStreamOffset),
-		NextOffset:          h.Get(HdrStreamNextOff),
-		Closed:              flag(h, HdrStreamClosed),
-		Incarnation:         h.Get(HdrIncarnation),
-		ProducerEpoch:       optInt(h, HdrProducerEpoch),
-		ProducerSeq:         optInt(h, HdrProducerSeq),
-		ProducerClosedEpoch: optInt(h, HdrProducerClosedEpoch),
-		ProducerClosedSeq:   optInt(h, HdrProducerClosedSeq),
+		ContentType:         h.Get(streamcore.HdrContentType),
+		Offset:              h.Get(streamcore.HdrStreamOffset),
+		NextOffset:          h.Get(streamcore.HdrStreamNextOff),
+		Closed:              flag(h, streamcore.HdrStreamClosed),
+		Incarnation:         h.Get(streamcore.HdrIncarnation),
+		ProducerEpoch:       optInt(h, streamcore.HdrProducerEpoch),
+		ProducerSeq:         optInt(h, streamcore.HdrProducerSeq),
+		ProducerClosedEpoch: optInt(h, streamcore.HdrProducerClosedEpoch),
+		ProducerClosedSeq:   optInt(h, streamcore.HdrProducerClosedSeq),
 		ReceiptEvicted:      OutcomeToken(po) == "receipt-evicted",
-		SnapshotOffset:      h.Get(HdrSnapshotOffset),
-		SnapshotDigest:      h.Get(HdrSnapshotDigest),
-		SnapshotPart:        h.Get(HdrSnapshotPart),
-		RetainedOffset:      h.Get(HdrRetainedOffset),
+		SnapshotOffset:      h.Get(streamcore.HdrSnapshotOffset),
+		SnapshotDigest:      h.Get(streamcore.HdrSnapshotDigest),
+		SnapshotPart:        h.Get(streamcore.HdrSnapshotPart),
+		RetainedOffset:      h.Get(streamcore.HdrRetainedOffset),
 	}
-	r.Duplicate = resp.StatusCode == http.StatusNoContent && h.Get(HdrProducerEpoch) != ""
+	r.Duplicate = resp.StatusCode == http.StatusNoContent && h.Get(streamcore.HdrProducerEpoch) != ""
 	return r
 }
 
@@ -1211,7 +1181,7 @@ func retryAfter(v string) time.Duration {
 
 // readAllInto reads r to the end, appending to buf (sized up front from n when known).
 func readAllInto(buf []byte, r io.Reader, n int64) ([]byte, error) {
-	if n > 0 && int64(cap(buf)-len(buf)) < n && n <= MaxRequestBytes {
+	if n > 0 && int64(cap(buf)-len(buf)) < n && n <= streamcore.MaxRequestBytes {
 		nb := make([]byte, len(buf), int64(len(buf))+n)
 		copy(nb, buf)
 		buf = nb

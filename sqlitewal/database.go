@@ -1,4 +1,4 @@
-package vfs
+package sqlitewal
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/replicator"
 	"github.com/ursula-go/ursula/streamcore"
 )
@@ -20,13 +21,13 @@ type Database struct {
 	url      string
 	pageSize uint32
 	replica  *replicator.Replica // nil for read-only databases
-	lock     *fileLock
+	lock     *FileLock
 	refs     int
 	roOffset uint64 // read-only: the offset the rebuild reached
 }
 
-// Errors the WAL interception returns besides the replicator's; adapters map them to
-// their I/O error codes.
+// Errors the WAL interception returns besides the replicator's; ResultCode maps them to
+// SQLite's I/O error codes.
 var (
 	errIORead  = errors.New("reading the WAL back failed")
 	errIOWrite = errors.New("writing the WAL failed")
@@ -34,8 +35,8 @@ var (
 
 // AttachOptions configure Attach.
 type AttachOptions struct {
-	ReadOnly bool               // rebuild the file from the stream, claim nothing
-	Client   *streamcore.Client // nil: the URSULA_VFS_* defaults
+	ReadOnly bool           // rebuild the file from the stream, claim nothing
+	Client   *client.Client // nil: the URSULA_VFS_* defaults
 }
 
 var (
@@ -62,17 +63,17 @@ func Attach(path, streamURL string, opts AttachOptions) (*Database, error) {
 	defer registryMu.Unlock()
 	if db := registry[path]; db != nil {
 		if db.url != streamURL {
-			return nil, &Error{Kind: replicator.KindOtherStream, Action: replicator.ActionFix,
+			return nil, &replicator.Error{Kind: replicator.KindOtherStream, Action: replicator.ActionFix,
 				Message: fmt.Sprintf("%s is attached to %s in this process, not %s", path, db.url, streamURL)}
 		}
 		if (db.replica == nil) != opts.ReadOnly {
-			return nil, &Error{Kind: replicator.KindInUse, Action: replicator.ActionFix,
+			return nil, &replicator.Error{Kind: replicator.KindInUse, Action: replicator.ActionFix,
 				Message: fmt.Sprintf("%s is already attached in this process with another mode (read-only vs owner)", path)}
 		}
 		db.refs++
 		return db, nil
 	}
-	lk, err := lockFile(path + "-ursula.lock")
+	lk, err := LockFile(LockPath(path))
 	if err != nil {
 		return nil, err
 	}
@@ -80,18 +81,18 @@ func Attach(path, streamURL string, opts AttachOptions) (*Database, error) {
 	if opts.ReadOnly {
 		c := opts.Client
 		if c == nil {
-			c, _ = streamcore.NewClient("")
+			c, _ = client.New("")
 		}
 		img, err := replicator.Restore(context.Background(), c, streamURL, path, 0, streamcore.MaxRequestBytes, nil)
 		if err != nil {
-			lk.release()
+			lk.Release()
 			return nil, err
 		}
 		db.roOffset = img.Tail
 	} else {
 		r, err := replicator.Attach(context.Background(), streamURL, path, replicator.Options{Client: opts.Client})
 		if err != nil {
-			lk.release()
+			lk.Release()
 			return nil, err
 		}
 		db.replica = r
@@ -115,7 +116,7 @@ func (db *Database) Detach() {
 			c.Close()
 		}
 	}
-	db.lock.release()
+	db.lock.Release()
 }
 
 // Path is the database file's absolute path; URL the stream it is attached to.
@@ -145,24 +146,31 @@ func (db *Database) Usable() error {
 	return db.replica.Usable()
 }
 
-// fileLock is an exclusive flock held while the database is attached.
-type fileLock struct{ f *os.File }
+// LockPath is the lock file that keeps a database file to one process: <path>-ursula.lock.
+func LockPath(dbPath string) string { return dbPath + "-ursula.lock" }
 
-func lockFile(path string) (*fileLock, error) {
+// FileLock is an exclusive flock held while a database is attached or followed, so a
+// second process on the same file gets in_use instead of writing beside the first.
+type FileLock struct{ f *os.File }
+
+// LockFile takes the exclusive lock on the lock file at path (see LockPath), creating
+// it; a lock another process holds is an in_use error.
+func LockFile(path string) (*FileLock, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
-		return nil, &Error{Kind: replicator.KindLocalSetup, Action: replicator.ActionFix, Err: err,
+		return nil, &replicator.Error{Kind: replicator.KindLocalSetup, Action: replicator.ActionFix, Err: err,
 			Message: fmt.Sprintf("cannot create the lock file %s", path)}
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
-		return nil, &Error{Kind: replicator.KindInUse, Action: replicator.ActionFix, Err: err,
+		return nil, &replicator.Error{Kind: replicator.KindInUse, Action: replicator.ActionFix, Err: err,
 			Message: fmt.Sprintf("%s is attached by another process", strings.TrimSuffix(path, "-ursula.lock"))}
 	}
-	return &fileLock{f: f}, nil
+	return &FileLock{f: f}, nil
 }
 
-func (l *fileLock) release() {
+// Release gives the lock up (a nil lock is a no-op).
+func (l *FileLock) Release() {
 	if l != nil && l.f != nil {
 		syscall.Flock(int(l.f.Fd()), syscall.LOCK_UN)
 		l.f.Close()

@@ -1,4 +1,4 @@
-package streamcore
+package client
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ursula-go/ursula/streamcore"
 )
 
 // These tests check the client's classification of write answers (extension spec 000
@@ -46,7 +48,7 @@ func newCannedClient(t *testing.T, h http.HandlerFunc, p OutcomePolicy) (*Client
 	t.Helper()
 	ts := httptest.NewServer(h)
 	t.Cleanup(ts.Close)
-	c, err := NewClient(ts.URL+"/bucket", WithPolicy(p))
+	c, err := New(ts.URL+"/bucket", WithPolicy(p))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,10 +69,10 @@ var (
 		return c.Create(context.Background(), u, CreateOptions{ContentType: "text/plain"})
 	}
 	retainCall writeCall = func(c *Client, u string) (*WriteResult, error) {
-		return c.Retain(context.Background(), u, FormatOffset(3))
+		return c.Retain(context.Background(), u, streamcore.FormatOffset(3))
 	}
 	publishCall writeCall = func(c *Client, u string) (*WriteResult, error) {
-		return c.PublishSnapshot(context.Background(), u, FormatOffset(3), "application/octet-stream", []byte("snap"))
+		return c.PublishSnapshot(context.Background(), u, streamcore.FormatOffset(3), "application/octet-stream", []byte("snap"))
 	}
 	deleteCall writeCall = func(c *Client, u string) (*WriteResult, error) {
 		return c.Delete(context.Background(), u)
@@ -78,10 +80,10 @@ var (
 )
 
 func TestClientClassifyCannedAnswers(t *testing.T) {
-	receipt := map[string]string{HdrStreamOffset: FormatOffset(0), HdrStreamNextOff: FormatOffset(5),
-		HdrProducerEpoch: "1", HdrProducerSeq: "4", HdrIncarnation: "4503599627370497"}
+	receipt := map[string]string{streamcore.HdrStreamOffset: streamcore.FormatOffset(0), streamcore.HdrStreamNextOff: streamcore.FormatOffset(5),
+		streamcore.HdrProducerEpoch: "1", streamcore.HdrProducerSeq: "4", streamcore.HdrIncarnation: "4503599627370497"}
 	marker := func(tok string, extra map[string]string) map[string]string {
-		m := map[string]string{HdrNotApplied: tok}
+		m := map[string]string{streamcore.HdrNotApplied: tok}
 		for k, v := range extra {
 			m[k] = v
 		}
@@ -93,13 +95,13 @@ func TestClientClassifyCannedAnswers(t *testing.T) {
 		answer canned
 		policy OutcomePolicy
 		want   Outcome
-		check  func(t *testing.T, r *WriteResult, ce *ClientError)
+		check  func(t *testing.T, r *WriteResult, ce *Error)
 	}{
 		// 2xx: applied only with the typed answer of the write (§11.1).
 		{name: "append 204 with next offset", call: plainAppend, want: Applied,
-			answer: canned{status: 204, hdr: map[string]string{HdrStreamNextOff: FormatOffset(5)}},
-			check: func(t *testing.T, r *WriteResult, _ *ClientError) {
-				if r.NextOffset != FormatOffset(5) || r.Duplicate {
+			answer: canned{status: 204, hdr: map[string]string{streamcore.HdrStreamNextOff: streamcore.FormatOffset(5)}},
+			check: func(t *testing.T, r *WriteResult, _ *Error) {
+				if r.NextOffset != streamcore.FormatOffset(5) || r.Duplicate {
 					t.Errorf("result %+v", r)
 				}
 			}},
@@ -109,42 +111,42 @@ func TestClientClassifyCannedAnswers(t *testing.T) {
 			answer: canned{status: 204}, policy: OutcomePolicy{LenientSuccess: true}},
 		{name: "producer 200 new write", call: producerAppend, want: Applied,
 			answer: canned{status: 200, hdr: receipt},
-			check: func(t *testing.T, r *WriteResult, _ *ClientError) {
-				if r.Duplicate || r.Offset != FormatOffset(0) || r.NextOffset != FormatOffset(5) ||
+			check: func(t *testing.T, r *WriteResult, _ *Error) {
+				if r.Duplicate || r.Offset != streamcore.FormatOffset(0) || r.NextOffset != streamcore.FormatOffset(5) ||
 					r.ProducerEpoch != 1 || r.ProducerSeq != 4 || r.ProducerClosedEpoch != -1 {
 					t.Errorf("result %+v", r)
 				}
 			}},
 		{name: "producer 204 repeat with receipt", call: producerAppend, want: Applied,
 			answer: canned{status: 204, hdr: receipt},
-			check: func(t *testing.T, r *WriteResult, _ *ClientError) {
+			check: func(t *testing.T, r *WriteResult, _ *Error) {
 				if !r.Duplicate || r.ReceiptEvicted {
 					t.Errorf("result %+v", r)
 				}
 			}},
 		{name: "producer 204 receipt-evicted", call: producerAppend, want: Applied,
-			answer: canned{status: 204, hdr: map[string]string{HdrProducerEpoch: "1", HdrProducerSeq: "9",
-				HdrProducerOutcome: "receipt-evicted"}},
-			check: func(t *testing.T, r *WriteResult, _ *ClientError) {
+			answer: canned{status: 204, hdr: map[string]string{streamcore.HdrProducerEpoch: "1", streamcore.HdrProducerSeq: "9",
+				streamcore.HdrProducerOutcome: "receipt-evicted"}},
+			check: func(t *testing.T, r *WriteResult, _ *Error) {
 				if !r.Duplicate || !r.ReceiptEvicted || r.Offset != "" {
 					t.Errorf("result %+v", r)
 				}
 			}},
 		{name: "producer claim closes earlier epoch", call: producerAppend, want: Applied,
-			answer: canned{status: 200, hdr: map[string]string{HdrStreamOffset: FormatOffset(0),
-				HdrStreamNextOff: FormatOffset(5), HdrProducerEpoch: "2", HdrProducerSeq: "0",
-				HdrProducerClosedEpoch: "1", HdrProducerClosedSeq: "7"}},
-			check: func(t *testing.T, r *WriteResult, _ *ClientError) {
+			answer: canned{status: 200, hdr: map[string]string{streamcore.HdrStreamOffset: streamcore.FormatOffset(0),
+				streamcore.HdrStreamNextOff: streamcore.FormatOffset(5), streamcore.HdrProducerEpoch: "2", streamcore.HdrProducerSeq: "0",
+				streamcore.HdrProducerClosedEpoch: "1", streamcore.HdrProducerClosedSeq: "7"}},
+			check: func(t *testing.T, r *WriteResult, _ *Error) {
 				if r.ProducerClosedEpoch != 1 || r.ProducerClosedSeq != 7 {
 					t.Errorf("result %+v", r)
 				}
 			}},
 		{name: "producer 200 without receipt (base-only server) is unknown", call: producerAppend, want: Unknown,
-			answer: canned{status: 200, hdr: map[string]string{HdrProducerEpoch: "1", HdrProducerSeq: "4"}}},
+			answer: canned{status: 200, hdr: map[string]string{streamcore.HdrProducerEpoch: "1", streamcore.HdrProducerSeq: "4"}}},
 		{name: "create 201 with incarnation", call: createCall, want: Applied,
-			answer: canned{status: 201, hdr: map[string]string{HdrIncarnation: "4503599627370497",
-				"Location": "/bucket/stream", HdrStreamNextOff: FormatOffset(0)}},
-			check: func(t *testing.T, r *WriteResult, _ *ClientError) {
+			answer: canned{status: 201, hdr: map[string]string{streamcore.HdrIncarnation: "4503599627370497",
+				"Location": "/bucket/stream", streamcore.HdrStreamNextOff: streamcore.FormatOffset(0)}},
+			check: func(t *testing.T, r *WriteResult, _ *Error) {
 				if !r.Created || r.Incarnation != "4503599627370497" || r.Location != "/bucket/stream" {
 					t.Errorf("result %+v", r)
 				}
@@ -152,29 +154,29 @@ func TestClientClassifyCannedAnswers(t *testing.T) {
 		{name: "create 200 without incarnation is unknown", call: createCall, want: Unknown,
 			answer: canned{status: 200}},
 		{name: "retention 204 without incarnation is unknown", call: retainCall, want: Unknown,
-			answer: canned{status: 204, hdr: map[string]string{HdrRetainedOffset: FormatOffset(3)}}},
+			answer: canned{status: 204, hdr: map[string]string{streamcore.HdrRetainedOffset: streamcore.FormatOffset(3)}}},
 		{name: "retention 204 typed", call: retainCall, want: Applied,
-			answer: canned{status: 204, hdr: map[string]string{HdrRetainedOffset: FormatOffset(3), HdrIncarnation: "4503599627370497"}},
-			check: func(t *testing.T, r *WriteResult, _ *ClientError) {
-				if r.RetainedOffset != FormatOffset(3) {
+			answer: canned{status: 204, hdr: map[string]string{streamcore.HdrRetainedOffset: streamcore.FormatOffset(3), streamcore.HdrIncarnation: "4503599627370497"}},
+			check: func(t *testing.T, r *WriteResult, _ *Error) {
+				if r.RetainedOffset != streamcore.FormatOffset(3) {
 					t.Errorf("result %+v", r)
 				}
 			}},
 		{name: "publish 204 typed", call: publishCall, want: Applied,
-			answer: canned{status: 204, hdr: map[string]string{HdrSnapshotOffset: FormatOffset(3), HdrSnapshotDigest: "ab"}}},
+			answer: canned{status: 204, hdr: map[string]string{streamcore.HdrSnapshotOffset: streamcore.FormatOffset(3), streamcore.HdrSnapshotDigest: "ab"}}},
 		{name: "delete 204 by status", call: deleteCall, want: Applied, answer: canned{status: 204}},
 
 		// 4xx other than 408: refusals.
 		{name: "400 invalid producer", call: producerAppend, want: NotApplied,
 			answer: canned{status: 400, body: errBody("INVALID_PRODUCER")},
-			check: func(t *testing.T, _ *WriteResult, ce *ClientError) {
+			check: func(t *testing.T, _ *WriteResult, ce *Error) {
 				if ce.Code != "INVALID_PRODUCER" || ce.Message != "canned" {
 					t.Errorf("error %+v", ce)
 				}
 			}},
 		{name: "401 plain text from a layer", call: plainAppend, want: NotApplied,
 			answer: canned{status: 401, body: "no token"},
-			check: func(t *testing.T, _ *WriteResult, ce *ClientError) {
+			check: func(t *testing.T, _ *WriteResult, ce *Error) {
 				if ce.Code != "" || ce.Message != "no token" {
 					t.Errorf("error %+v", ce)
 				}
@@ -182,9 +184,9 @@ func TestClientClassifyCannedAnswers(t *testing.T) {
 		{name: "402", call: plainAppend, want: NotApplied, answer: canned{status: 402, body: errBody("PAYMENT_REQUIRED")}},
 		{name: "403 epoch closed by claim", call: producerAppend, want: NotApplied,
 			answer: canned{status: 403, body: errBody("PRODUCER_EPOCH_CLOSED"), hdr: map[string]string{
-				HdrProducerEpoch: "2", HdrProducerOutcome: "epoch-closed;by=claim",
-				HdrProducerClosedEpoch: "1", HdrProducerClosedSeq: "3"}},
-			check: func(t *testing.T, _ *WriteResult, ce *ClientError) {
+				streamcore.HdrProducerEpoch: "2", streamcore.HdrProducerOutcome: "epoch-closed;by=claim",
+				streamcore.HdrProducerClosedEpoch: "1", streamcore.HdrProducerClosedSeq: "3"}},
+			check: func(t *testing.T, _ *WriteResult, ce *Error) {
 				if !ce.Fenced() || ce.ProducerEpoch != 2 || ce.ProducerClosedEpoch != 1 || ce.ProducerClosedSeq != 3 ||
 					OutcomeToken(ce.ProducerOutcome) != "epoch-closed" {
 					t.Errorf("error %+v", ce)
@@ -192,7 +194,7 @@ func TestClientClassifyCannedAnswers(t *testing.T) {
 			}},
 		{name: "403 access layer is not fenced", call: plainAppend, want: NotApplied,
 			answer: canned{status: 403, body: errBody("FORBIDDEN")},
-			check: func(t *testing.T, _ *WriteResult, ce *ClientError) {
+			check: func(t *testing.T, _ *WriteResult, ce *Error) {
 				if ce.Fenced() {
 					t.Errorf("access 403 read as a producer fence: %+v", ce)
 				}
@@ -200,39 +202,39 @@ func TestClientClassifyCannedAnswers(t *testing.T) {
 		{name: "404", call: plainAppend, want: NotApplied, answer: canned{status: 404, body: errBody("STREAM_NOT_FOUND")}},
 		{name: "409 producer gap", call: producerAppend, want: NotApplied,
 			answer: canned{status: 409, body: errBody("PRODUCER_SEQ_CONFLICT"), hdr: map[string]string{
-				HdrProducerExpectedSeq: "2", HdrProducerReceivedSeq: "4"}},
-			check: func(t *testing.T, _ *WriteResult, ce *ClientError) {
+				streamcore.HdrProducerExpectedSeq: "2", streamcore.HdrProducerReceivedSeq: "4"}},
+			check: func(t *testing.T, _ *WriteResult, ce *Error) {
 				if ce.ProducerExpectedSeq != 2 || ce.ProducerReceivedSeq != 4 || ce.Fenced() {
 					t.Errorf("error %+v", ce)
 				}
 			}},
 		{name: "409 stream seq", call: plainAppend, want: NotApplied,
 			answer: canned{status: 409, body: errBody("STREAM_SEQ_CONFLICT"), hdr: map[string]string{
-				HdrStreamLastSeq: "0009", HdrStreamNextOff: FormatOffset(42)}},
-			check: func(t *testing.T, _ *WriteResult, ce *ClientError) {
-				if ce.StreamLastSeq != "0009" || ce.StreamNextOffset != FormatOffset(42) {
+				streamcore.HdrStreamLastSeq: "0009", streamcore.HdrStreamNextOff: streamcore.FormatOffset(42)}},
+			check: func(t *testing.T, _ *WriteResult, ce *Error) {
+				if ce.StreamLastSeq != "0009" || ce.StreamNextOffset != streamcore.FormatOffset(42) {
 					t.Errorf("error %+v", ce)
 				}
 			}},
 		{name: "409 closed", call: plainAppend, want: NotApplied,
 			answer: canned{status: 409, body: errBody("STREAM_CLOSED"), hdr: map[string]string{
-				HdrStreamClosed: "true", HdrStreamNextOff: FormatOffset(7)}},
-			check: func(t *testing.T, _ *WriteResult, ce *ClientError) {
-				if !ce.StreamClosed || ce.StreamNextOffset != FormatOffset(7) {
+				streamcore.HdrStreamClosed: "true", streamcore.HdrStreamNextOff: streamcore.FormatOffset(7)}},
+			check: func(t *testing.T, _ *WriteResult, ce *Error) {
+				if !ce.StreamClosed || ce.StreamNextOffset != streamcore.FormatOffset(7) {
 					t.Errorf("error %+v", ce)
 				}
 			}},
 		{name: "412", call: plainAppend, want: NotApplied, answer: canned{status: 412, body: errBody("INCARNATION_MISMATCH"),
-			hdr: map[string]string{HdrIncarnation: "4503599627370498"}},
-			check: func(t *testing.T, _ *WriteResult, ce *ClientError) {
+			hdr: map[string]string{streamcore.HdrIncarnation: "4503599627370498"}},
+			check: func(t *testing.T, _ *WriteResult, ce *Error) {
 				if ce.Incarnation != "4503599627370498" {
 					t.Errorf("error %+v", ce)
 				}
 			}},
 		{name: "413 marked", call: plainAppend, want: NotApplied,
 			answer: canned{status: 413, body: errBody("REQUEST_TOO_LARGE"), hdr: marker("RequestBodyTooLarge",
-				map[string]string{HdrMaxRequestBytes: "33554432"})},
-			check: func(t *testing.T, _ *WriteResult, ce *ClientError) {
+				map[string]string{streamcore.HdrMaxRequestBytes: "33554432"})},
+			check: func(t *testing.T, _ *WriteResult, ce *Error) {
 				if ce.NotApplied != "RequestBodyTooLarge" || ce.MaxRequestBytes != 33554432 {
 					t.Errorf("error %+v", ce)
 				}
@@ -245,8 +247,8 @@ func TestClientClassifyCannedAnswers(t *testing.T) {
 
 		// 5xx: the code decides, never the status.
 		{name: "503 outcome unknown", call: producerAppend, want: Unknown,
-			answer: canned{status: 503, body: errBody("OUTCOME_UNKNOWN"), hdr: map[string]string{HdrRetryAfter: "1"}},
-			check: func(t *testing.T, _ *WriteResult, ce *ClientError) {
+			answer: canned{status: 503, body: errBody("OUTCOME_UNKNOWN"), hdr: map[string]string{streamcore.HdrRetryAfter: "1"}},
+			check: func(t *testing.T, _ *WriteResult, ce *Error) {
 				if ce.RetryAfter != time.Second || ce.Code != "OUTCOME_UNKNOWN" {
 					t.Errorf("error %+v", ce)
 				}
@@ -281,7 +283,7 @@ func TestClientClassifyCannedAnswers(t *testing.T) {
 			answer: canned{status: 503, body: errBody("SOMETHING_NEW"), hdr: marker("RaftLogPressure", nil)}},
 		{name: "vouch required, marker and vouch", call: plainAppend, want: NotApplied, policy: OutcomePolicy{RequireVouch: true},
 			answer: canned{status: 503, body: errBody("SOMETHING_NEW"), hdr: marker("RaftLogPressure",
-				map[string]string{HdrNotAppliedChecked: "1"})}},
+				map[string]string{streamcore.HdrNotAppliedChecked: "1"})}},
 
 		// Redirects and other 3xx.
 		{name: "307 unmarked after the body went out", call: plainAppend, want: Unknown,
@@ -297,10 +299,10 @@ func TestClientClassifyCannedAnswers(t *testing.T) {
 			if got := OutcomeOf(err); got != tc.want {
 				t.Fatalf("outcome %v, want %v (err %v)", got, tc.want, err)
 			}
-			var ce *ClientError
+			var ce *Error
 			if err != nil {
 				if !errors.As(err, &ce) {
-					t.Fatalf("error %T is not a *ClientError", err)
+					t.Fatalf("error %T is not a *Error", err)
 				}
 				if ce.Status != tc.answer.status {
 					t.Errorf("status %d, want %d", ce.Status, tc.answer.status)
@@ -326,24 +328,24 @@ func TestClientClassifyRedirects(t *testing.T) {
 		if r.Method == http.MethodPost && string(b) != "hello" {
 			t.Errorf("leader got body %q", b)
 		}
-		w.Header().Set(HdrStreamNextOff, FormatOffset(5))
+		w.Header().Set(streamcore.HdrStreamNextOff, streamcore.FormatOffset(5))
 		w.WriteHeader(204)
 	})
 	mux.HandleFunc("/bucket/", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Location", "/leader/bucket/stream")
 		if r.Header.Get("X-Mark") != "" {
-			w.Header().Set(HdrNotApplied, "NotLeader")
+			w.Header().Set(streamcore.HdrNotApplied, "NotLeader")
 		}
 		w.WriteHeader(307)
 	})
 	ts := httptest.NewServer(mux)
 	defer ts.Close()
-	c, _ := NewClient("")
+	c, _ := New("")
 	u := ts.URL + "/bucket/stream"
 
 	r, err := c.Append(context.Background(), u, []byte("hello"), AppendOptions{ContentType: "text/plain",
 		Header: http.Header{"X-Mark": {"1"}}})
-	if err != nil || r.NextOffset != FormatOffset(5) || leaderHits.Load() != 1 {
+	if err != nil || r.NextOffset != streamcore.FormatOffset(5) || leaderHits.Load() != 1 {
 		t.Fatalf("marked redirect: %v %+v hits %d", err, r, leaderHits.Load())
 	}
 	// A delete has no body, so its redirect proves nothing applied even unmarked.
@@ -352,7 +354,7 @@ func TestClientClassifyRedirects(t *testing.T) {
 	}
 	// Unmarked after the body went out: unknown, not followed.
 	_, err = c.Append(context.Background(), u, []byte("hello"), AppendOptions{ContentType: "text/plain"})
-	var ce *ClientError
+	var ce *Error
 	if !errors.As(err, &ce) || ce.Outcome != Unknown || ce.Status != 307 || ce.Location != "/leader/bucket/stream" || leaderHits.Load() != 2 {
 		t.Fatalf("unmarked redirect: %v hits %d", err, leaderHits.Load())
 	}
@@ -371,9 +373,9 @@ func TestClientClassifyTransport(t *testing.T) {
 		}
 		addr := l.Addr().String()
 		l.Close()
-		c, _ := NewClient("")
+		c, _ := New("")
 		_, err = c.Append(ctx, "http://"+addr+"/bucket/stream", body, opts)
-		var ce *ClientError
+		var ce *Error
 		if !errors.As(err, &ce) || ce.Outcome != NotApplied || ce.Status != 0 || ce.Err == nil {
 			t.Fatalf("got %v", err)
 		}
@@ -401,7 +403,7 @@ func TestClientClassifyTransport(t *testing.T) {
 			conn.Close()
 		}, OutcomePolicy{})
 		_, err := c.Append(ctx, u, body, opts)
-		var ce *ClientError
+		var ce *Error
 		if !errors.As(err, &ce) || ce.Outcome != Unknown || ce.Status != 0 {
 			t.Fatalf("got %v", err)
 		}
@@ -418,7 +420,7 @@ func TestClientClassifyTransport(t *testing.T) {
 		defer close(release)
 		c.WriteTimeout = 100 * time.Millisecond
 		_, err := c.Append(ctx, u, body, opts)
-		var ce *ClientError
+		var ce *Error
 		if !errors.As(err, &ce) || ce.Outcome != Unknown || !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("got %v", err)
 		}
@@ -460,17 +462,17 @@ func TestClientReadErrorsAndToken(t *testing.T) {
 	var auth atomic.Value
 	c, u := newCannedClient(t, func(w http.ResponseWriter, r *http.Request) {
 		auth.Store(r.Header.Get("Authorization"))
-		w.Header().Set(HdrStreamNextOff, FormatOffset(9))
-		w.Header().Set(HdrIncarnation, "4503599627370497")
+		w.Header().Set(streamcore.HdrStreamNextOff, streamcore.FormatOffset(9))
+		w.Header().Set(streamcore.HdrIncarnation, "4503599627370497")
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(416)
 		io.WriteString(w, errBody("OFFSET_OUT_OF_RANGE"))
 	}, OutcomePolicy{})
 	c.SetToken("s3cret")
-	_, err := c.Read(context.Background(), u, ReadOptions{Offset: FormatOffset(99)})
-	var ce *ClientError
+	_, err := c.Read(context.Background(), u, ReadOptions{Offset: streamcore.FormatOffset(99)})
+	var ce *Error
 	if !errors.As(err, &ce) || ce.Status != 416 || ce.Code != "OFFSET_OUT_OF_RANGE" ||
-		ce.StreamNextOffset != FormatOffset(9) || ce.Incarnation != "4503599627370497" || ce.Outcome != NotApplied {
+		ce.StreamNextOffset != streamcore.FormatOffset(9) || ce.Incarnation != "4503599627370497" || ce.Outcome != NotApplied {
 		t.Fatalf("got %v", err)
 	}
 	if auth.Load() != "Bearer s3cret" {
@@ -485,17 +487,17 @@ func TestClientReadErrorsAndToken(t *testing.T) {
 
 func TestClientDigests(t *testing.T) {
 	// BLAKE3-256 of the empty input (the published test vector).
-	if got := ProducerDigestOf(nil); got != "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262" {
+	if got := streamcore.ProducerDigestOf(nil); got != "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262" {
 		t.Fatalf("empty digest %s", got)
 	}
-	if a, b := SnapshotDigestOf("text/plain", []byte("x")), SnapshotDigestOf("text/plai", []byte("nx")); a == b {
+	if a, b := streamcore.SnapshotDigestOf("text/plain", []byte("x")), streamcore.SnapshotDigestOf("text/plai", []byte("nx")); a == b {
 		t.Fatal("snapshot digest must bind the content type length")
 	}
 	// Written in pieces, the incremental digest is the one of the whole body.
-	h := NewSnapshotDigest("application/octet-stream")
+	h := streamcore.NewSnapshotDigest("application/octet-stream")
 	h.Write([]byte("UR"))
 	h.Write([]byte("SS body"))
-	if got, want := hex.EncodeToString(h.Sum(nil)), SnapshotDigestOf("application/octet-stream", []byte("URSS body")); got != want {
+	if got, want := hex.EncodeToString(h.Sum(nil)), streamcore.SnapshotDigestOf("application/octet-stream", []byte("URSS body")); got != want {
 		t.Fatalf("incremental digest %s, want %s", got, want)
 	}
 	if got := StreamURL("http://h:1/", "b-ok", "a b"); got != "http://h:1/b-ok/a%20b" {

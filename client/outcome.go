@@ -1,8 +1,10 @@
-package streamcore
+package client
 
 import (
 	"net/http"
 	"strings"
+
+	"github.com/ursula-go/ursula/streamcore"
 )
 
 // Outcome is what an answer to a write proves about that write (extension spec 000 §11.1,
@@ -139,7 +141,7 @@ func (p OutcomePolicy) Classify(a WriteAnswer) Outcome {
 		}
 		return Unknown
 	case s == http.StatusTemporaryRedirect || s == http.StatusPermanentRedirect:
-		if a.Header.Get(HdrNotApplied) != "" || !a.BodySent {
+		if a.Header.Get(streamcore.HdrNotApplied) != "" || !a.BodySent {
 			return NotApplied
 		}
 		return Unknown
@@ -159,10 +161,10 @@ func (p OutcomePolicy) Classify(a WriteAnswer) Outcome {
 }
 
 func (p OutcomePolicy) markerTrusted(h http.Header) bool {
-	if h.Get(HdrNotApplied) == "" {
+	if h.Get(streamcore.HdrNotApplied) == "" {
 		return false
 	}
-	return !p.RequireVouch || h.Get(HdrNotAppliedChecked) != ""
+	return !p.RequireVouch || h.Get(streamcore.HdrNotAppliedChecked) != ""
 }
 
 // ClassifyUnanswered decides the outcome of a write that got no HTTP answer: a request of
@@ -185,20 +187,20 @@ func HasTypedAnswer(kind WriteKind, status int, h http.Header) bool {
 	has := func(name string) bool { return h.Get(name) != "" }
 	switch kind {
 	case WriteProducer:
-		if has(HdrStreamOffset) && has(HdrStreamNextOff) {
+		if has(streamcore.HdrStreamOffset) && has(streamcore.HdrStreamNextOff) {
 			return true
 		}
-		return status == http.StatusNoContent && OutcomeToken(h.Get(HdrProducerOutcome)) == "receipt-evicted"
+		return status == http.StatusNoContent && OutcomeToken(h.Get(streamcore.HdrProducerOutcome)) == "receipt-evicted"
 	case WriteAppend:
-		return has(HdrStreamNextOff)
+		return has(streamcore.HdrStreamNextOff)
 	case WriteCreate, WriteDiscardParts:
-		return has(HdrIncarnation)
+		return has(streamcore.HdrIncarnation)
 	case WritePublishSnapshot:
-		return has(HdrSnapshotOffset) && has(HdrSnapshotDigest)
+		return has(streamcore.HdrSnapshotOffset) && has(streamcore.HdrSnapshotDigest)
 	case WriteStagePart:
-		return has(HdrSnapshotPart)
+		return has(streamcore.HdrSnapshotPart)
 	case WriteRetain:
-		return has(HdrRetainedOffset) && has(HdrIncarnation)
+		return has(streamcore.HdrRetainedOffset) && has(streamcore.HdrIncarnation)
 	case WriteDelete, WriteCreateBucket:
 		return true
 	}

@@ -1,0 +1,11 @@
+// Command cextension is the loadable SQLite extension (bin/libursula_vfs.so, built with
+// -buildmode=c-shared): a thin C VFS over SQLite's unix VFS (shim.c) that hands the WAL
+// writes of attached databases to the binding-independent Go core (package sqlitewal),
+// and the SQL functions ursula_attach, ursula_status, ursula_stats and ursula_set_token.
+//
+// The Go side answers at xOpen (is this file attached? which fence flag?), takes every
+// -wal write and truncate of an owner's database, and runs the SQL functions. Reads,
+// locks and shared memory never call Go: each attached database has a fence flag in C
+// memory that Go sets once the database is fenced or poisoned, and the C read path checks
+// only that flag.
+package main

@@ -1,5 +1,0 @@
-//go:build !race
-
-package vfs
-
-const raceEnabled = false
