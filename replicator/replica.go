@@ -186,6 +186,7 @@ type Replica struct {
 	// not-applied marker): a proxy may have answered after the stream applied it. The
 	// next commit first learns whether it did (checkRefused).
 	refused  *refusedCommit
+	damaged  string // why the local files lost a write the stream holds (Poison)
 	commits  uint64
 	retries  uint64 // append attempts beyond the first, over acknowledged commits
 	logBytes uint64 // bytes appended by this replica
@@ -279,6 +280,8 @@ func resume(ctx context.Context, r *Replica, sc *Sidecar, scErr error, info *str
 		return nil, scErr.Error()
 	case sc == nil:
 		return nil, "no sidecar"
+	case sc.Damaged != "":
+		return nil, "the local files lost a write: " + sc.Damaged
 	case sc.BootID == "" || sc.BootID != BootID():
 		return nil, "written on another boot"
 	case sc.Incarnation != info.Incarnation:
@@ -335,6 +338,7 @@ func fileHasData(path string) bool {
 func (r *Replica) SaveState() error {
 	r.mu.Lock()
 	sc := &Sidecar{URL: r.url, Incarnation: r.incarnation, Offset: r.tail, Epoch: r.epoch}
+	sc.Damaged = r.damaged
 	r.mu.Unlock()
 	sc.BootID, sc.Inode = BootID(), inode(r.path)
 	return WriteSidecar(r.path, sc)
@@ -739,8 +743,14 @@ func (r *Replica) fail(e *Error, sticky bool) error {
 func (r *Replica) Poison(reason string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.poisoned = true
+	r.poisoned, r.damaged = true, reason
 	r.fail(newError(KindLocalDamage, ActionReattach, nil, "%s", reason), true)
+	// The local files no longer reflect r.tail: a crash before the detach must not
+	// resume from them either.
+	sc := &Sidecar{URL: r.url, Incarnation: r.incarnation, Offset: r.tail, Epoch: r.epoch, BootID: BootID(), Inode: inode(r.path), Damaged: reason}
+	if err := WriteSidecar(r.path, sc); err != nil {
+		r.logf("sidecar_failed", "err=%q", err.Error())
+	}
 }
 
 // Usable reports the error reads and writes must fail with (fenced or poisoned), if any.

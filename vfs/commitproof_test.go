@@ -339,3 +339,40 @@ func TestMixedFaultsNeverDiverge(t *testing.T) {
 		e.proxy.Count(faultproxy.DropBefore), e.proxy.Count(faultproxy.DropAfter), e.proxy.Count(faultproxy.CutBody),
 		e.proxy.Count(faultproxy.Delay), e.proxy.Count(faultproxy.Hold))
 }
+
+// TestLostWALWriteBackPoisonsBeforeTheNextCommit: when the local WAL loses the commit
+// frame an acknowledged commit wrote (a page-cache write-back the disk never took), the
+// next commit poisons the file instead of building on it; reopening gives the stream's rows.
+func TestLostWALWriteBackPoisonsBeforeTheNextCommit(t *testing.T) {
+	e := newProofEnv(t, "writeback")
+	e.mustInsert(2)
+	wal, err := os.OpenFile(e.path+"-wal", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := wal.Stat()
+	var pageSize int
+	if err := e.db.QueryRow(`PRAGMA page_size`).Scan(&pageSize); err != nil {
+		t.Fatal(err)
+	}
+	frame := int64(replicator.WALFrameHeaderSize + pageSize)
+	if st.Size() < int64(replicator.WALHeaderSize)+frame {
+		t.Fatalf("the WAL holds %d bytes, no frame", st.Size())
+	}
+	// The last frame is the acknowledged commit frame: its header never reached the disk.
+	if _, err := wal.WriteAt(make([]byte, replicator.WALFrameHeaderSize), st.Size()-frame); err != nil {
+		t.Fatal(err)
+	}
+	wal.Close()
+	err = e.insert(3)
+	if errKind(err) != replicator.KindLocalDamage || !strings.Contains(err.Error(), "lost the write-back") {
+		t.Fatalf("the commit after a lost write-back: %v", err)
+	}
+	if s, _ := Status(e.path); !s.Poisoned {
+		t.Fatal("not poisoned")
+	}
+	e.agrees("after the poison")
+	if got := e.streamIDs(); !slices.Equal(got, []int{1, 2}) {
+		t.Fatalf("the stream holds %v", got)
+	}
+}
