@@ -600,7 +600,7 @@ func (c *Client) Head(ctx context.Context, streamURL string, o ...CallOptions) (
 	setCall(h, firstCall(o))
 	resp, err := c.read(ctx, "head", http.MethodHead, streamURL, h, c.ReadTimeout)
 	if err != nil {
-		return nil, err
+		return nil, c.explainHead(ctx, streamURL, h, err)
 	}
 	resp.Body.Close()
 	rh := resp.Header
@@ -622,6 +622,30 @@ func (c *Client) Head(ctx context.Context, streamURL string, o ...CallOptions) (
 		ClusterID:           rh.Get(streamcore.HdrUrsulaClusterID),
 		Header:              rh,
 	}, nil
+}
+
+// explainHead fills in the error code and message of a refused HEAD, whose answer has no
+// body to carry them, from a GET of the same URL at the tail: a caller sees the server's
+// INVALID_BUCKET_ID and why, not a bare "400 Bad Request". A 404 is left as it is (it is
+// common and says enough).
+func (c *Client) explainHead(ctx context.Context, streamURL string, h http.Header, err error) error {
+	ce, ok := err.(*Error)
+	if !ok || ce.Status < 400 || ce.Status == http.StatusNotFound || ce.Code != "" {
+		return err
+	}
+	u := streamURL + "?offset=now"
+	if strings.Contains(streamURL, "?") {
+		u = streamURL + "&offset=now"
+	}
+	resp, gerr := c.read(ctx, "head", http.MethodGet, u, h, c.ReadTimeout)
+	if gerr == nil {
+		resp.Body.Close()
+		return err
+	}
+	if ge, ok := gerr.(*Error); ok && ge.Status == ce.Status && ge.Code != "" {
+		ce.Code, ce.Message = ge.Code, ge.Message
+	}
+	return err
 }
 
 // ReadSnapshot reads the snapshot at offset (only the latest is readable).

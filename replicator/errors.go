@@ -26,6 +26,7 @@ const (
 	// Poison kinds: the file no longer takes commits until it is attached again.
 	KindOutcomeUnknown Kind = "outcome_unknown" // a commit may or may not have been applied
 	KindLocalDamage    Kind = "local_damage"    // the local file lost a write the stream has
+	KindLocalState     Kind = "local_state"     // the stream holds a commit the local file was told failed
 
 	// Refused-commit kinds (action retry): the commit failed alone, nothing was written.
 	KindPaymentRequired Kind = "payment_required" // 402
@@ -33,6 +34,9 @@ const (
 	KindForbidden       Kind = "forbidden"        // 403 with both not-applied headers
 	KindRateLimited     Kind = "rate_limited"     // 429
 	KindUnreachable     Kind = "unreachable"      // the last attempt never went out
+	// KindRefusedUnchecked: an earlier commit was refused without proof that nothing of it
+	// was applied, and the stream could not be read to check; commits wait for the check.
+	KindRefusedUnchecked Kind = "refused_commit_unchecked"
 )
 
 // Action says what the caller should do about an error.

@@ -21,9 +21,10 @@ import (
 	"github.com/ursula-go/ursula/streamcore"
 )
 
-// producerID is the one Producer-Id every owner of a database uses, so a newer claim
-// (a higher epoch) fences every older owner with 403.
-const producerID = "ursula-sqlite"
+// ProducerIDFor is the Producer-Id every owner of one incarnation of a stream uses, so a
+// newer claim (a higher epoch) fences every older owner with 403. Naming the incarnation
+// keeps the producer keys of a deleted and recreated stream apart from the old ones.
+func ProducerIDFor(incarnation string) string { return "sqlite-ursula-vfs/" + incarnation }
 
 // Options configure a replica. Zero values take the URSULA_VFS_* environment variables,
 // then the defaults.
@@ -193,6 +194,11 @@ type Replica struct {
 	poisoned bool
 	lastErr  *Error
 	stopErr  *Error // the poison or fence that stopped this replica
+	// refused is a commit that failed on a refusal that proved nothing (no vouched
+	// not-applied marker): a proxy may have answered after the stream applied it. The
+	// next commit first learns whether it did (checkRefused).
+	refused  *refusedCommit
+	damaged  string // why the local files lost a write the stream holds (Poison)
 	commits  uint64
 	retries  uint64 // append attempts beyond the first, over acknowledged commits
 	logBytes uint64 // bytes appended by this replica
@@ -286,6 +292,8 @@ func resume(ctx context.Context, r *Replica, sc *sidecar.File, scErr error, info
 		return nil, scErr.Error()
 	case sc == nil:
 		return nil, "no sidecar"
+	case sc.Damaged != "":
+		return nil, "the local files lost a write: " + sc.Damaged
 	case sc.BootID == "" || sc.BootID != sidecar.BootID():
 		return nil, "written on another boot"
 	case sc.Incarnation != info.Incarnation:
@@ -342,6 +350,7 @@ func fileHasData(path string) bool {
 func (r *Replica) SaveState() error {
 	r.mu.Lock()
 	sc := &sidecar.File{URL: r.url, Incarnation: r.incarnation, Offset: r.tail, Epoch: r.epoch}
+	sc.Damaged = r.damaged
 	r.mu.Unlock()
 	sc.BootID, sc.Inode = sidecar.BootID(), sidecar.Inode(r.path)
 	return sidecar.Write(r.path, sc)
@@ -355,9 +364,11 @@ func (r *Replica) claim(ctx context.Context, epoch uint64) error {
 	rand.Read(cl.Nonce[:])
 	body := encodeClaim(cl)
 	wr, err := r.opts.Client.Append(ctx, r.url, body, client.AppendOptions{
-		ContentType: "application/octet-stream",
-		Producer:    &client.ProducerKey{ID: producerID, Epoch: epoch, Seq: 0},
-		StreamSeq:   streamcore.FormatOffset(r.tail),
+		ContentType:   "application/octet-stream",
+		Producer:      &client.ProducerKey{ID: ProducerIDFor(r.incarnation), Epoch: epoch, Seq: 0},
+		Digest:        true,
+		IfIncarnation: r.incarnation,
+		StreamSeq:     streamcore.FormatOffset(r.tail),
 	})
 	if err != nil {
 		var ce *client.Error
@@ -390,12 +401,24 @@ func (r *Replica) claim(ctx context.Context, epoch uint64) error {
 // outcome rules (DESIGN.md section 4): not applied fails alone and the database stays
 // usable; unknown is retried with the same producer seq within the retry budget, then
 // the replica is poisoned; a 403 fence stops it for good.
+//
+// Every attempt carries the frame's Producer-Digest and the stream's incarnation, so the
+// server answers a repeat only for this very frame and refuses any other write under the
+// same producer key with 403 key-conflict. An acknowledgement counts only when its
+// receipt spans this frame at the offset it was sent for. A refusal that proves nothing
+// (no vouched not-applied marker: a proxy may have answered after the stream applied the
+// write) is checked against the stream before the commit fails or the next one starts.
 func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 	commitStart := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err := r.usable(); err != nil {
 		return err
+	}
+	if r.refused != nil {
+		if err := r.settleRefused(ctx); err != nil {
+			return err
+		}
 	}
 	body, err := encodeCommit(cm)
 	if err != nil {
@@ -413,15 +436,18 @@ func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 			r.logf("sidecar_failed", "err=%q", err.Error())
 		}
 	}
-	seq := r.seq + 1
+	sent := &sentCommit{seq: r.seq + 1, start: r.tail, body: body}
 	opts := client.AppendOptions{
-		ContentType: "application/octet-stream",
-		Producer:    &client.ProducerKey{ID: producerID, Epoch: r.epoch, Seq: seq},
-		StreamSeq:   streamcore.FormatOffset(r.tail),
+		ContentType:   "application/octet-stream",
+		Producer:      &client.ProducerKey{ID: ProducerIDFor(r.incarnation), Epoch: r.epoch, Seq: sent.seq},
+		Digest:        true,
+		IfIncarnation: r.incarnation,
+		StreamSeq:     streamcore.FormatOffset(sent.start),
 	}
 	deadline := time.Now().Add(r.opts.RetryBudget)
 	backoff := 50 * time.Millisecond
 	var unknown error // the first attempt whose outcome is unknown: later refusals prove nothing
+	var unproven bool // some attempt was refused without proof that it applied nothing
 	for attempt := 1; ; attempt++ {
 		r.opts.syncToken()
 		actx, cancel := context.WithTimeout(ctx, min(r.opts.AttemptLimit, time.Until(deadline)))
@@ -430,27 +456,16 @@ func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 		appendMs := msSince(appendStart)
 		cancel()
 		if err == nil {
-			if wr.NextOffset == "" {
-				// A duplicate whose receipt was evicted: applied, but where is unknown.
+			if perr := r.proveReceipt(ctx, wr, sent); perr != nil {
 				r.poisoned = true
-				return r.fail(newError(KindOutcomeUnknown, ActionReattach, nil, "commit applied but its receipt was evicted; re-attach to learn the stream position"), true)
+				return r.fail(perr, true)
 			}
-			end, _ := streamcore.ParseOffset(wr.NextOffset)
-			start, _ := streamcore.ParseOffset(wr.Offset)
-			r.seq, r.tail = seq, end
-			r.commits++
-			r.logBytes += end - start
-			if r.lastErr != nil && !r.poisoned && !r.fenced {
-				r.logf("writes_resumed", "after=%s", r.lastErr.Kind)
-			}
-			r.lastErr = nil
-			r.dbBytes = uint64(cm.DBPages) * uint64(cm.PageSize)
-			r.snap.poke() // never blocks: the snapshot goroutine decides
-			r.stats.commit(CommitMeasurement{StartMs: commitStart.UnixMilli(), Ms: msSince(commitStart), AppendMs: appendMs,
-				Attempts: attempt, Retries: attempt - 1, Bytes: len(body), Pages: len(cm.Pages), Offset: streamcore.FormatOffset(start)})
+			r.acked(cm, sent, CommitMeasurement{StartMs: commitStart.UnixMilli(), Ms: msSince(commitStart), AppendMs: appendMs,
+				Attempts: attempt, Retries: attempt - 1})
 			return nil
 		}
-		v := classifyCommit(err)
+		v := classifyCommit(err, sent.seq)
+		unproven = unproven || v.unproven
 		switch v.step {
 		case stepFence:
 			r.fenced = true
@@ -465,6 +480,9 @@ func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 			if unknown != nil {
 				break // an earlier attempt may have applied it: keep trying
 			}
+			if unproven {
+				return r.failUnproven(ctx, cm, sent, newError(v.kind, ActionRetry, err, "%s", v.reason), attempt, commitStart)
+			}
 			return r.fail(newError(v.kind, ActionRetry, err, "%s; nothing of the commit reached the stream and the database stays usable", v.reason), false)
 		case stepRetryUnknown:
 			if unknown == nil {
@@ -477,16 +495,19 @@ func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 			wait = max(wait, ce.RetryAfter)
 		}
 		if ctx.Err() != nil || time.Until(deadline) <= wait {
-			r.logf("append_gave_up", "attempt=%d seq=%d elapsed_ms=%d reason=%q", attempt, seq, r.opts.RetryBudget.Milliseconds(), err.Error())
+			r.logf("append_gave_up", "attempt=%d seq=%d elapsed_ms=%d reason=%q", attempt, sent.seq, r.opts.RetryBudget.Milliseconds(), err.Error())
 			if unknown != nil {
 				r.poisoned = true
 				return r.fail(newError(KindOutcomeUnknown, ActionReattach, err, "commit outcome unknown after %d attempts within %v (first unknown: %v)", attempt, r.opts.RetryBudget, unknown), true)
+			}
+			if unproven {
+				return r.failUnproven(ctx, cm, sent, newError(v.kind, ActionRetry, err, "%s after %d attempts within %v", v.reason, attempt, r.opts.RetryBudget), attempt, commitStart)
 			}
 			return r.fail(newError(v.kind, ActionRetry, err, "%s after %d attempts within %v; nothing of the commit reached the stream and the database stays usable", v.reason, attempt, r.opts.RetryBudget), false)
 		}
 		r.retries++
 		r.stats.retry()
-		r.logf("append_retry", "attempt=%d seq=%d reason=%q", attempt, seq, err.Error())
+		r.logf("append_retry", "attempt=%d seq=%d reason=%q", attempt, sent.seq, err.Error())
 		if v.kind == KindUnauthorized {
 			r.opts.reloadToken()
 		}
@@ -498,12 +519,137 @@ func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 	}
 }
 
+// sentCommit is one commit frame as sent: its producer seq, the offset it was sent for
+// (its Stream-Seq) and its bytes.
+type sentCommit struct {
+	seq   uint64
+	start uint64
+	body  []byte
+}
+
+func (s *sentCommit) end() uint64 { return s.start + uint64(len(s.body)) }
+
+// refusedCommit is a commit that failed on a refusal that proved nothing, and that the
+// stream did not hold (or could not be read) when it failed. It may still arrive: a
+// proxy may hold it. The next commit reuses its producer seq with another digest, so the
+// server keeps at most one of the two.
+type refusedCommit = sentCommit
+
+// acked records an acknowledged commit.
+func (r *Replica) acked(cm *Commit, sent *sentCommit, m CommitMeasurement) {
+	r.seq, r.tail = sent.seq, sent.end()
+	r.commits++
+	r.logBytes += uint64(len(sent.body))
+	if r.lastErr != nil && !r.poisoned && !r.fenced {
+		r.logf("writes_resumed", "after=%s", r.lastErr.Kind)
+	}
+	r.lastErr = nil
+	r.dbBytes = uint64(cm.DBPages) * uint64(cm.PageSize)
+	r.snap.poke() // never blocks: the snapshot goroutine decides
+	m.Bytes, m.Pages, m.Offset = len(sent.body), len(cm.Pages), streamcore.FormatOffset(sent.start)
+	r.stats.commit(m)
+}
+
+// proveReceipt checks that a 2xx answer acknowledges this very frame. The request's
+// Producer-Digest makes the server answer a repeat only for the same bytes; the receipt
+// must then span exactly this frame at the offset it was sent for. A repeat whose
+// receipt the server evicted is proved by reading the stream there.
+func (r *Replica) proveReceipt(ctx context.Context, wr *client.WriteResult, sent *sentCommit) *Error {
+	if wr.NextOffset == "" {
+		held, err := r.streamHolds(ctx, sent)
+		switch {
+		case err != nil:
+			return newError(KindOutcomeUnknown, ActionReattach, err, "the commit was answered as a repeat whose receipt was evicted, and reading the stream to check it failed; re-attach to learn what the stream holds")
+		case !held:
+			return newError(KindOutcomeUnknown, ActionReattach, nil, "the commit was answered as a repeat whose receipt was evicted, but the stream does not hold it at offset %d; re-attach to learn what the stream holds", sent.start)
+		}
+		return nil
+	}
+	start, err1 := streamcore.ParseOffset(wr.Offset)
+	end, err2 := streamcore.ParseOffset(wr.NextOffset)
+	if err1 != nil || err2 != nil || start != sent.start || end != sent.end() {
+		return newError(KindOutcomeUnknown, ActionReattach, nil,
+			"the commit at producer seq %d was acknowledged with a receipt for [%s, %s), not the [%d, %d) its frame spans: the answer is not this commit's; re-attach to learn what the stream holds",
+			sent.seq, wr.Offset, wr.NextOffset, sent.start, sent.end())
+	}
+	return nil
+}
+
+// failUnproven ends a commit whose refusals proved nothing. If the stream holds the frame
+// where it was sent, a layer refused it after the stream applied it: the commit is
+// acknowledged after all, so the local file takes it too. Otherwise it fails alone and
+// the next commit checks again first.
+func (r *Replica) failUnproven(ctx context.Context, cm *Commit, sent *sentCommit, e *Error, attempt int, commitStart time.Time) error {
+	held, err := r.streamHolds(ctx, sent)
+	switch {
+	case err == nil && held:
+		r.logf("refused_commit_applied", "seq=%d offset=%d refusal=%q", sent.seq, sent.start, e.Message)
+		r.acked(cm, sent, CommitMeasurement{StartMs: commitStart.UnixMilli(), Ms: msSince(commitStart), Attempts: attempt, Retries: attempt - 1})
+		return nil
+	case err == nil:
+		e.Message += "; the stream does not hold the commit and the database stays usable"
+	default:
+		e.Message += "; whether the stream holds the commit could not be read (" + err.Error() + "), and the next commit checks first"
+	}
+	r.refused = sent
+	return r.fail(e, false)
+}
+
+// settleRefused learns, before a commit reuses the producer seq a refused commit left
+// free, whether the stream holds the refused one. Held: the local file lacks a commit
+// the stream has, so the replica is poisoned (attaching again replays it). Not held: the
+// commit goes on; should the refused one still arrive, the server refuses whichever of
+// the two comes second (key-conflict), and that poisons too. Unreadable: this commit is
+// refused without being sent.
+func (r *Replica) settleRefused(ctx context.Context) error {
+	rc := r.refused
+	held, err := r.streamHolds(ctx, rc)
+	switch {
+	case err != nil:
+		r.logf("refused_commit_unchecked", "seq=%d offset=%d reason=%q", rc.seq, rc.start, err.Error())
+		return r.fail(newError(KindRefusedUnchecked, ActionRetry, err,
+			"a commit at producer seq %d was refused without proof that the stream did not apply it, and the stream could not be read to check; commits are refused until the check succeeds", rc.seq), false)
+	case held:
+		r.poisoned = true
+		return r.fail(newError(KindLocalState, ActionReattach, nil,
+			"a commit refused as never applied may have been applied after all: the stream holds it at offset %d (producer seq %d); attach again to replay it", rc.start, rc.seq), true)
+	}
+	r.refused = nil
+	return nil
+}
+
+// streamHolds reports whether the stream holds sent's frame at the offset it was sent for.
+func (r *Replica) streamHolds(ctx context.Context, sent *sentCommit) (bool, error) {
+	r.opts.syncToken()
+	ctx, cancel := context.WithTimeout(ctx, r.opts.AttemptLimit)
+	defer cancel()
+	got := make([]byte, 0, len(sent.body))
+	for off := sent.start; len(got) < len(sent.body); {
+		rr, err := r.opts.Client.Read(ctx, r.url, client.ReadOptions{
+			Offset: streamcore.FormatOffset(off), MaxBytes: len(sent.body) - len(got), IfIncarnation: r.incarnation,
+		})
+		if err != nil {
+			var ce *client.Error
+			if errors.As(err, &ce) && (ce.Status == http.StatusNotFound || ce.Status == http.StatusPreconditionFailed) {
+				return false, nil // the write named its incarnation: it cannot be in another one
+			}
+			return false, err
+		}
+		if len(rr.Data) == 0 {
+			break // the tail
+		}
+		got = append(got, rr.Data...)
+		off += uint64(len(rr.Data))
+	}
+	return len(got) >= len(sent.body) && bytes.Equal(got[:len(sent.body)], sent.body), nil
+}
+
 type commitStep int
 
 const (
-	stepRetryRefused commitStep = iota // proven not applied; retry within the budget
+	stepRetryRefused commitStep = iota // refused; retry within the budget
 	stepRetryUnknown                   // outcome unknown; retry with the same seq
-	stepFailAlone                      // proven not applied; fail now, the file stays usable
+	stepFailAlone                      // refused; fail now, the file stays usable
 	stepPoison                         // the local file may disagree with the stream: reattach
 	stepFix                            // a setup problem (a redirect): poison, action fix
 	stepFence                          // another owner or another incarnation: stop
@@ -513,58 +659,74 @@ type commitVerdict struct {
 	step   commitStep
 	kind   Kind
 	reason string
+	// unproven: a refusal without the vouched not-applied marker. Any layer can answer
+	// it, also after the stream applied the write, so it is checked against the stream.
+	unproven bool
 }
 
-// classifyCommit sorts one append attempt's failure by checklist-vfs J: only a few
-// answers prove that nothing was applied; a redirect or an unmarked 5xx proves nothing.
-func classifyCommit(err error) commitVerdict {
+// classifyCommit sorts one append attempt's failure. Only a refusal carrying both
+// x-ursula-not-applied and x-ursula-not-applied-checked, or an attempt of which nothing
+// went out, proves that nothing was applied; other refusals are checked against the
+// stream; a redirect or an unmarked 5xx leaves the outcome unknown.
+func classifyCommit(err error, seq uint64) commitVerdict {
 	var ce *client.Error
 	if !errors.As(err, &ce) {
-		return commitVerdict{stepRetryUnknown, KindOutcomeUnknown, err.Error()}
+		return commitVerdict{step: stepRetryUnknown, kind: KindOutcomeUnknown, reason: err.Error()}
 	}
 	marked := ce.NotApplied != "" && ce.Header.Get(streamcore.HdrNotAppliedChecked) != ""
 	reason := ce.Message
 	if reason == "" && ce.NotApplied != "" {
 		reason = ce.NotApplied
 	}
+	if ce.Code != "" {
+		reason = ce.Code + ": " + reason
+	}
 	if len(reason) > 256 {
 		reason = reason[:256] + "..."
 	}
+	verdict := func(step commitStep, kind Kind, format string, args ...any) commitVerdict {
+		return commitVerdict{step: step, kind: kind, reason: fmt.Sprintf(format, args...), unproven: !marked}
+	}
 	switch st := ce.Status; {
 	case st == 0 && ce.Outcome == client.NotApplied:
-		return commitVerdict{stepRetryRefused, KindUnreachable, "never sent: " + reason}
+		return commitVerdict{step: stepRetryRefused, kind: KindUnreachable, reason: "never sent: " + reason}
 	case st == 0:
-		return commitVerdict{stepRetryUnknown, KindOutcomeUnknown, "no answer: " + reason}
+		return commitVerdict{step: stepRetryUnknown, kind: KindOutcomeUnknown, reason: "no answer: " + reason}
+	case st == http.StatusForbidden && client.OutcomeToken(ce.ProducerOutcome) == "key-conflict":
+		return commitVerdict{step: stepPoison, kind: KindLocalState, reason: fmt.Sprintf(
+			"a commit refused as never applied may have been applied after all: the stream holds another write under producer seq %d; attach again to replay it", seq)}
 	case ce.Fenced():
-		return commitVerdict{stepFence, KindFenced, fmt.Sprintf("a newer owner (epoch %d) claimed the stream", ce.ProducerEpoch)}
+		return commitVerdict{step: stepFence, kind: KindFenced, reason: fmt.Sprintf("a newer owner (epoch %d) claimed the stream", ce.ProducerEpoch)}
 	case st == http.StatusPreconditionFailed:
-		return commitVerdict{stepFence, KindFenced, "the stream was deleted and recreated (new incarnation)"}
-	case st == http.StatusConflict && ce.ProducerExpectedSeq < 0 && !ce.StreamClosed:
-		return commitVerdict{stepFence, KindFenced, "another writer appended to the stream (Stream-Seq conflict)"}
+		return commitVerdict{step: stepFence, kind: KindFenced, reason: "the stream was deleted and recreated (new incarnation)"}
+	case st == http.StatusConflict && ce.ProducerExpectedSeq < 0 && !ce.StreamClosed && (ce.StreamLastSeq != "" || ce.Code == streamcore.CodeStreamSeqConflict):
+		return commitVerdict{step: stepFence, kind: KindFenced, reason: "another writer appended to the stream (Stream-Seq conflict)"}
 	case st == http.StatusTemporaryRedirect:
-		return commitVerdict{stepRetryUnknown, KindOutcomeUnknown, "307 redirect (resent to the same URL)"}
+		return commitVerdict{step: stepRetryUnknown, kind: KindOutcomeUnknown, reason: "307 redirect (resent to the same URL)"}
 	case st >= 300 && st < 400:
-		return commitVerdict{stepFix, KindInvalidURL, fmt.Sprintf("the stream URL answered %d redirecting to %q; redirects are not followed, use the URL that answers directly", st, ce.Location)}
+		return commitVerdict{step: stepFix, kind: KindInvalidURL, reason: fmt.Sprintf("the stream URL answered %d redirecting to %q; redirects are not followed, use the URL that answers directly", st, ce.Location)}
 	case st == http.StatusPaymentRequired:
-		return commitVerdict{stepFailAlone, KindPaymentRequired, "402 Payment Required: " + reason}
+		return verdict(stepFailAlone, KindPaymentRequired, "402 Payment Required: %s", reason)
 	case st == http.StatusUnauthorized:
-		return commitVerdict{stepRetryRefused, KindUnauthorized, "401 Unauthorized: " + reason}
+		return verdict(stepRetryRefused, KindUnauthorized, "401 Unauthorized: %s", reason)
 	case st == http.StatusTooManyRequests:
-		return commitVerdict{stepRetryRefused, KindRateLimited, "429 Too Many Requests: " + reason}
-	case marked && st == http.StatusForbidden:
-		return commitVerdict{stepFailAlone, KindForbidden, "403 Forbidden: " + reason}
-	case marked && st == http.StatusRequestEntityTooLarge:
-		return commitVerdict{stepFailAlone, KindTooLarge, "413: " + reason}
+		return verdict(stepRetryRefused, KindRateLimited, "429 Too Many Requests: %s", reason)
+	case st == http.StatusForbidden:
+		return verdict(stepFailAlone, KindForbidden, "403 Forbidden: %s", reason)
+	case st == http.StatusRequestEntityTooLarge:
+		return verdict(stepFailAlone, KindTooLarge, "413: %s", reason)
 	case marked && st < 500:
-		return commitVerdict{stepFailAlone, KindNotApplied, fmt.Sprintf("%d: %s", st, reason)}
+		return verdict(stepFailAlone, KindNotApplied, "%d: %s", st, reason)
 	case marked:
-		return commitVerdict{stepRetryRefused, KindNotApplied, fmt.Sprintf("%d: %s", st, reason)}
+		return verdict(stepRetryRefused, KindNotApplied, "%d: %s", st, reason)
 	case st == http.StatusNotFound:
-		return commitVerdict{stepFence, KindFenced, "the stream was deleted"}
+		return commitVerdict{step: stepFence, kind: KindFenced, reason: "the stream was deleted"}
 	case st >= 500:
-		return commitVerdict{stepRetryUnknown, KindOutcomeUnknown, fmt.Sprintf("%d without the not-applied headers: %s", st, reason)}
+		return commitVerdict{step: stepRetryUnknown, kind: KindOutcomeUnknown, reason: fmt.Sprintf("%d without the not-applied headers: %s", st, reason)}
+	case st >= 400:
+		return verdict(stepFailAlone, KindNotApplied, "%d without the not-applied headers: %s", st, reason)
 	}
-	return commitVerdict{stepPoison, KindOutcomeUnknown, fmt.Sprintf("%d without the not-applied headers proves nothing: %s", ce.Status, reason)}
+	return commitVerdict{step: stepPoison, kind: KindOutcomeUnknown, reason: fmt.Sprintf("%d without the not-applied headers proves nothing: %s", ce.Status, reason)}
 }
 
 func (r *Replica) usable() error {
@@ -593,8 +755,14 @@ func (r *Replica) fail(e *Error, sticky bool) error {
 func (r *Replica) Poison(reason string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.poisoned = true
+	r.poisoned, r.damaged = true, reason
 	r.fail(newError(KindLocalDamage, ActionReattach, nil, "%s", reason), true)
+	// The local files no longer reflect r.tail: a crash before the detach must not
+	// resume from them either.
+	sc := &sidecar.File{URL: r.url, Incarnation: r.incarnation, Offset: r.tail, Epoch: r.epoch, BootID: sidecar.BootID(), Inode: sidecar.Inode(r.path), Damaged: reason}
+	if err := sidecar.Write(r.path, sc); err != nil {
+		r.logf("sidecar_failed", "err=%q", err.Error())
+	}
 }
 
 // Usable reports the error reads and writes must fail with (fenced or poisoned), if any.

@@ -241,13 +241,21 @@ func classifyRead(err error, what string) error {
 	if ce != nil && ce.Status == http.StatusNotFound {
 		return newError(KindNotFound, ActionFix, err, "%s: the stream does not exist", what)
 	}
-	if ce != nil && ce.Status == http.StatusBadRequest && ce.Message == "" {
-		return newError(KindInvalidURL, ActionFix, err, "%s refused with 400: the URL does not name a valid stream (ids: a bucket of 4-64 [a-z0-9_-], then the stream)", what)
+	if ce != nil && ce.Status == http.StatusBadRequest {
+		return newError(KindInvalidURL, ActionFix, err, "%s refused with 400 %s: %s", what, orUnknown(ce.Code), ce.Message)
 	}
 	if ce != nil && ce.Status >= 400 && ce.Status < 500 {
-		return newError(KindNotApplied, ActionFix, err, "%s refused", what)
+		return newError(KindNotApplied, ActionFix, err, "%s refused with %d %s: %s", what, ce.Status, orUnknown(ce.Code), ce.Message)
 	}
 	return newError(KindUnavailable, ActionRetry, err, "%s failed", what)
+}
+
+// orUnknown names a missing error code (an answer without a JSON error body).
+func orUnknown(code string) string {
+	if code == "" {
+		return "(no error code)"
+	}
+	return code
 }
 
 var _ = fmt.Sprintf

@@ -20,8 +20,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/client"
+	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/streamcore"
 )

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/ursula-go/ursula/client"
@@ -24,6 +25,9 @@ type Database struct {
 	lock     *FileLock
 	refs     int
 	roOffset uint64 // read-only: the offset the rebuild reached
+	// lastAck is the commit frame header the latest acknowledged commit wrote to the WAL,
+	// and where; the next commit checks the file still holds it (a lost write-back).
+	lastAck atomic.Pointer[ackedFrame]
 }
 
 // Errors the WAL interception returns besides the replicator's; ResultCode maps them to

@@ -3,6 +3,7 @@ package sqlitewal
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"sort"
 
 	"github.com/ursula-go/ursula/replicator"
@@ -125,6 +126,14 @@ func (w *WAL) commitTx() error {
 			_ = err
 			return errIORead
 		}
+		if prev := w.db.lastAck.Load(); prev != nil && prev.off == off && string(prev.hdr[8:16]) == string(salt) &&
+			string(buf[:replicator.WALFrameHeaderSize]) != string(prev.hdr[:]) {
+			// The same WAL generation, but the acknowledged commit frame is gone: the
+			// file lost its write-back, and this commit would build on a state the
+			// stream does not hold.
+			w.db.replica.Poison(fmt.Sprintf("the local WAL lost the write-back of the commit frame acknowledged at WAL offset %d", off))
+			return errIOWrite
+		}
 		if binary.BigEndian.Uint32(buf[4:8]) != 0 || string(buf[8:16]) != string(salt) {
 			break // the previous transaction's commit frame, or an older WAL generation
 		}
@@ -150,5 +159,14 @@ func (w *WAL) commitTx() error {
 			return errIOWrite
 		}
 	}
+	ack := &ackedFrame{off: w.commit}
+	copy(ack.hdr[:], last)
+	w.db.lastAck.Store(ack)
 	return nil
+}
+
+// ackedFrame is the header of an acknowledged commit frame and its WAL offset.
+type ackedFrame struct {
+	off int64
+	hdr [replicator.WALFrameHeaderSize]byte
 }

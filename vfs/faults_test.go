@@ -120,8 +120,10 @@ func TestCommitOutcomes(t *testing.T) {
 			wantErr: replicator.KindOutcomeUnknown, action: replicator.ActionReattach, poisoned: true},
 		{name: "301: invalid_url, poison", script: []fault{{status: 301, header: map[string]string{"Location": "https://127.0.0.1:1/x"}}},
 			wantErr: replicator.KindInvalidURL, action: replicator.ActionFix, poisoned: true},
-		{name: "unmarked 403: poison", script: []fault{{status: 403}},
-			wantErr: replicator.KindOutcomeUnknown, action: replicator.ActionReattach, poisoned: true},
+		{name: "unmarked 403 the stream did not apply: fails alone after a check", script: []fault{{status: 403}},
+			wantErr: replicator.KindForbidden, action: replicator.ActionRetry},
+		{name: "unmarked 402 after the stream applied: acknowledged after all", script: []fault{{forward: true, status: 402}},
+			applied: true},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -28,6 +28,9 @@ type File struct {
 	Epoch       uint64 `json:"epoch"`       // the epoch this owner claimed (0: read-only)
 	BootID      string `json:"boot_id"`     // /proc/sys/kernel/random/boot_id when written
 	Inode       uint64 `json:"inode"`       // inode of the database file
+	// Damaged says why the local files no longer reflect Offset (they lost a write the
+	// stream holds); the next attach rebuilds them. Empty when they are sound.
+	Damaged string `json:"damaged,omitempty"`
 }
 
 // Path is where the sidecar of the database at path lives.

@@ -1,0 +1,379 @@
+package vfs
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ursula-go/ursula/client"
+	"github.com/ursula-go/ursula/replicator"
+	"github.com/ursula-go/ursula/streamcore"
+	"github.com/ursula-go/ursula/test/faultproxy"
+)
+
+// proofEnv is one database written through a fault proxy in front of a real server.
+type proofEnv struct {
+	t      *testing.T
+	proxy  *faultproxy.Proxy
+	direct string // the stream's URL on the server itself
+	url    string // the stream's URL through the proxy
+	path   string
+	db     *sql.DB
+}
+
+func newProofEnv(t *testing.T, name string) *proofEnv {
+	t.Helper()
+	base := startServer(t)
+	p, err := faultproxy.New(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	e := &proofEnv{t: t, proxy: p, direct: base + "/proof/" + name, url: p.URL + "/proof/" + name, path: filepath.Join(t.TempDir(), name+".db")}
+	e.open()
+	t.Cleanup(func() { e.db.Close() })
+	e.mustInsert(1)
+	return e
+}
+
+func (e *proofEnv) open() {
+	e.t.Helper()
+	db, err := Open(e.url, Options{Path: e.path})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.db = db
+	if _, err := db.Exec(`CREATE TABLE IF NOT EXISTS t(id INTEGER PRIMARY KEY, v BLOB)`); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// reopen closes the owner and attaches it again (the way out of a poisoned file).
+func (e *proofEnv) reopen() {
+	e.t.Helper()
+	e.db.Close()
+	e.open()
+}
+
+func (e *proofEnv) insert(id int) error {
+	_, err := e.db.Exec(`INSERT INTO t VALUES (?, randomblob(100))`, id)
+	return err
+}
+
+func (e *proofEnv) mustInsert(id int) {
+	e.t.Helper()
+	if err := e.insert(id); err != nil {
+		e.t.Fatalf("insert %d: %v", id, err)
+	}
+}
+
+// ownerIDs are the rows the owner reads; an error when the file refuses reads (poisoned).
+func (e *proofEnv) ownerIDs() ([]int, error) {
+	return ids(e.db)
+}
+
+// streamIDs are the rows of a fresh rebuild of the stream, read from the server directly.
+func (e *proofEnv) streamIDs() []int {
+	e.t.Helper()
+	c, _ := client.New("")
+	p := filepath.Join(e.t.TempDir(), fmt.Sprintf("rebuilt-%d.db", time.Now().UnixNano()))
+	defer os.Remove(p)
+	if _, err := replicator.Restore(context.Background(), c, e.direct, p, 0, streamcore.MaxRequestBytes, nil); err != nil {
+		e.t.Fatal(err)
+	}
+	db, err := sql.Open("sqlite3", "file:"+p+"?mode=ro")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer db.Close()
+	got, err := ids(db)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return got
+}
+
+func ids(db *sql.DB) ([]int, error) {
+	rows, err := db.Query(`SELECT id FROM t ORDER BY id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []int
+	for rows.Next() {
+		var id int
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
+}
+
+// agrees fails the test unless the owner reads exactly what a rebuild of the stream holds,
+// or refuses to read at all (poisoned), in which case it reopens it and checks again.
+func (e *proofEnv) agrees(when string) {
+	e.t.Helper()
+	stream := e.streamIDs()
+	owner, err := e.ownerIDs()
+	if err != nil {
+		st, _ := Status(e.path)
+		if !st.Poisoned && !st.Fenced {
+			e.t.Fatalf("%s: the owner cannot read and is not poisoned: %v", when, err)
+		}
+		e.reopen()
+		if owner, err = e.ownerIDs(); err != nil {
+			e.t.Fatalf("%s: the reopened owner cannot read: %v", when, err)
+		}
+	}
+	if !slices.Equal(owner, stream) {
+		e.t.Fatalf("%s: the owner reads %v, the stream holds %v", when, owner, stream)
+	}
+}
+
+func errKind(err error) replicator.Kind {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Kind
+	}
+	return ""
+}
+
+// TestRefusalAfterTheStreamAppliedIsAcknowledged: a layer that refuses a commit without
+// the vouched not-applied marker after the stream applied it does not make the commit
+// fail: the retry is answered as a repeat of the same frame, or the check of the stream
+// finds it, and the owner keeps the row the stream holds.
+func TestRefusalAfterTheStreamAppliedIsAcknowledged(t *testing.T) {
+	t.Setenv("URSULA_VFS_RETRY_MS", "300")
+	for _, status := range []int{401, 402, 403, 409, 429, 500, 502, 503} {
+		t.Run(strconv.Itoa(status), func(t *testing.T) {
+			e := newProofEnv(t, fmt.Sprintf("after%d", status))
+			e.proxy.Script(faultproxy.Fault{Kind: faultproxy.RefuseAfter, Status: status})
+			e.mustInsert(2)
+			e.agrees("after the refused-but-applied commit")
+			e.mustInsert(3)
+			e.agrees("after the next commit")
+			if got := e.streamIDs(); !slices.Equal(got, []int{1, 2, 3}) {
+				t.Fatalf("the stream holds %v", got)
+			}
+		})
+	}
+}
+
+// TestRefusalBeforeTheStreamFailsAlone: a refusal the stream never saw fails the commit
+// alone, marked or not (unmarked ones after a check of the stream), the file stays usable,
+// and the next commit reuses the producer seq and is acknowledged.
+func TestRefusalBeforeTheStreamFailsAlone(t *testing.T) {
+	t.Setenv("URSULA_VFS_RETRY_MS", "300")
+	for _, status := range []int{401, 402, 403, 409, 429} {
+		for _, marked := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%d marked=%t", status, marked), func(t *testing.T) {
+				e := newProofEnv(t, fmt.Sprintf("before%d%t", status, marked))
+				f := faultproxy.Fault{Kind: faultproxy.RefuseBefore, Status: status, Marked: marked}
+				e.proxy.Script(f, f, f, f, f, f, f, f, f, f, f, f, f, f, f, f)
+				err := e.insert(2)
+				if err == nil {
+					t.Fatal("the refused commit succeeded")
+				}
+				if st, _ := Status(e.path); st.Poisoned || !st.WritesRefused {
+					t.Fatalf("after a refusal: poisoned=%t writes_refused=%t (%v)", st.Poisoned, st.WritesRefused, err)
+				}
+				e.agrees("after the refusal")
+				e.proxy.Script()
+				e.mustInsert(3)
+				e.agrees("after the next commit")
+				if got := e.streamIDs(); !slices.Equal(got, []int{1, 3}) {
+					t.Fatalf("the stream holds %v", got)
+				}
+			})
+		}
+	}
+}
+
+// TestUnmarked5xxBeforeTheStreamPoisonsWhenTheBudgetEnds: a 5xx without the marker leaves
+// the outcome unknown; when the budget runs out the file is poisoned, and reopening it
+// gives what the stream holds.
+func TestUnmarked5xxBeforeTheStreamPoisonsWhenTheBudgetEnds(t *testing.T) {
+	t.Setenv("URSULA_VFS_RETRY_MS", "200")
+	e := newProofEnv(t, "unknown5xx")
+	f := faultproxy.Fault{Kind: faultproxy.RefuseBefore, Status: 502}
+	e.proxy.Script(f, f, f, f, f, f, f, f, f, f, f, f)
+	if err := e.insert(2); errKind(err) != replicator.KindOutcomeUnknown {
+		t.Fatalf("got %v, want outcome_unknown", err)
+	}
+	e.proxy.Script()
+	e.agrees("after the poison")
+}
+
+// TestVouchedRefusalThatLiedIsCaughtBeforeTheNextCommit: a layer that marks and vouches a
+// refusal after the stream applied the commit breaks the rule the marker stands for; the
+// commit fails alone, but the next commit finds the refused one on the stream and poisons
+// the file instead of building on a state the stream does not hold.
+func TestVouchedRefusalThatLiedIsCaughtBeforeTheNextCommit(t *testing.T) {
+	e := newProofEnv(t, "liar")
+	e.proxy.Script(faultproxy.Fault{Kind: faultproxy.RefuseAfter, Status: 402, Marked: true})
+	if err := e.insert(2); errKind(err) != replicator.KindPaymentRequired {
+		t.Fatalf("got %v, want payment_required", err)
+	}
+	err := e.insert(3)
+	if errKind(err) != replicator.KindLocalState || !strings.Contains(err.Error(), "a commit refused as never applied may have been applied after all") {
+		t.Fatalf("the next commit: %v", err)
+	}
+	e.agrees("after the poison")
+	if got := e.streamIDs(); !slices.Equal(got, []int{1, 2}) {
+		t.Fatalf("the stream holds %v", got)
+	}
+}
+
+// TestLostAnswersAreAcknowledgedOnce: an answer dropped after the stream applied the
+// commit, a request cut midway, a connection closed before forwarding, a delayed request
+// and a retry that overtakes the attempt it repeats all end with the commit on the stream
+// exactly once and the owner equal to it.
+func TestLostAnswersAreAcknowledgedOnce(t *testing.T) {
+	for _, f := range []faultproxy.Fault{
+		{Kind: faultproxy.DropAfter}, {Kind: faultproxy.DropBefore}, {Kind: faultproxy.CutBody},
+		{Kind: faultproxy.Delay, Delay: 50 * time.Millisecond}, {Kind: faultproxy.Hold},
+	} {
+		t.Run(f.Kind.String(), func(t *testing.T) {
+			e := newProofEnv(t, f.Kind.String())
+			e.proxy.Script(f)
+			e.mustInsert(2)
+			e.mustInsert(3)
+			e.agrees("after the commits")
+			if got := e.streamIDs(); !slices.Equal(got, []int{1, 2, 3}) {
+				t.Fatalf("the stream holds %v", got)
+			}
+		})
+	}
+}
+
+// TestUncheckableRefusalHoldsTheNextCommit: when a refusal proved nothing and the stream
+// cannot be read to check it, the next commit is refused unsent (refused_commit_unchecked)
+// instead of reusing the producer seq blindly; once the stream reads again it goes through.
+func TestUncheckableRefusalHoldsTheNextCommit(t *testing.T) {
+	t.Setenv("URSULA_VFS_RETRY_MS", "200")
+	e := newProofEnv(t, "unchecked")
+	e.proxy.Match(func(r *http.Request) bool { return r.Method != http.MethodHead })
+	f := faultproxy.Fault{Kind: faultproxy.RefuseBefore, Status: 402}
+	e.proxy.Script(f, f, f, f, f, f, f, f, f, f, f, f, f, f, f, f, f, f, f, f)
+	if err := e.insert(2); errKind(err) != replicator.KindPaymentRequired {
+		t.Fatalf("got %v, want payment_required", err)
+	}
+	if err := e.insert(3); errKind(err) != replicator.KindRefusedUnchecked {
+		t.Fatalf("got %v, want refused_commit_unchecked", err)
+	}
+	e.proxy.Script()
+	e.proxy.Match(nil)
+	e.mustInsert(4)
+	e.agrees("after the check")
+	if got := e.streamIDs(); !slices.Equal(got, []int{1, 4}) {
+		t.Fatalf("the stream holds %v", got)
+	}
+}
+
+// TestMixedFaultsNeverDiverge drives a few hundred commits through randomly chosen faults
+// (seeded: URSULA_FAULT_SEED repeats a run). After every failed commit and at the end, the
+// owner reads exactly what a rebuild of the stream holds (a poisoned owner after reopening),
+// and every acknowledged commit is on the stream.
+func TestMixedFaultsNeverDiverge(t *testing.T) {
+	t.Setenv("URSULA_VFS_RETRY_MS", "150")
+	seed := time.Now().UnixNano()
+	if v, err := strconv.ParseInt(os.Getenv("URSULA_FAULT_SEED"), 10, 64); err == nil {
+		seed = v
+	}
+	t.Logf("seed %d (URSULA_FAULT_SEED=%d repeats this run)", seed, seed)
+	rng := rand.New(rand.NewSource(seed))
+	e := newProofEnv(t, "mixed")
+	statuses := []int{401, 402, 403, 409, 429, 500, 502, 503}
+	e.proxy.Choose(func(*http.Request) faultproxy.Fault {
+		if rng.Intn(3) != 0 {
+			return faultproxy.Fault{}
+		}
+		switch k := faultproxy.Kind(rng.Intn(8)); k {
+		case faultproxy.RefuseBefore:
+			return faultproxy.Fault{Kind: k, Status: statuses[rng.Intn(len(statuses))], Marked: rng.Intn(2) == 0}
+		case faultproxy.RefuseAfter:
+			// A vouched marker after the stream applied the write breaks the rule the
+			// marker stands for; TestVouchedRefusalThatLiedIsCaughtBeforeTheNextCommit
+			// covers it.
+			return faultproxy.Fault{Kind: k, Status: statuses[rng.Intn(len(statuses))]}
+		case faultproxy.Delay:
+			return faultproxy.Fault{Kind: k, Delay: time.Duration(rng.Intn(5)) * time.Millisecond}
+		default:
+			return faultproxy.Fault{Kind: k}
+		}
+	})
+	acked := []int{1}
+	failed, poisoned := 0, 0
+	for id := 2; id <= 300; id++ {
+		err := e.insert(id)
+		if err == nil {
+			acked = append(acked, id)
+			continue
+		}
+		failed++
+		if st, _ := Status(e.path); st.Poisoned {
+			poisoned++
+		}
+		e.agrees(fmt.Sprintf("after commit %d failed (%v)", id, err))
+	}
+	e.proxy.Choose(nil)
+	e.agrees("at the end")
+	stream := e.streamIDs()
+	for _, id := range acked {
+		if _, found := slices.BinarySearch(stream, id); !found {
+			t.Fatalf("acknowledged commit %d is not on the stream", id)
+		}
+	}
+	t.Logf("%d commits acknowledged, %d failed (%d poisoned); faults: refuse-before %d, refuse-after %d, drop-before %d, drop-after %d, cut-body %d, delay %d, hold %d",
+		len(acked)-1, failed, poisoned, e.proxy.Count(faultproxy.RefuseBefore), e.proxy.Count(faultproxy.RefuseAfter),
+		e.proxy.Count(faultproxy.DropBefore), e.proxy.Count(faultproxy.DropAfter), e.proxy.Count(faultproxy.CutBody),
+		e.proxy.Count(faultproxy.Delay), e.proxy.Count(faultproxy.Hold))
+}
+
+// TestLostWALWriteBackPoisonsBeforeTheNextCommit: when the local WAL loses the commit
+// frame an acknowledged commit wrote (a page-cache write-back the disk never took), the
+// next commit poisons the file instead of building on it; reopening gives the stream's rows.
+func TestLostWALWriteBackPoisonsBeforeTheNextCommit(t *testing.T) {
+	e := newProofEnv(t, "writeback")
+	e.mustInsert(2)
+	wal, err := os.OpenFile(e.path+"-wal", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := wal.Stat()
+	var pageSize int
+	if err := e.db.QueryRow(`PRAGMA page_size`).Scan(&pageSize); err != nil {
+		t.Fatal(err)
+	}
+	frame := int64(replicator.WALFrameHeaderSize + pageSize)
+	if st.Size() < int64(replicator.WALHeaderSize)+frame {
+		t.Fatalf("the WAL holds %d bytes, no frame", st.Size())
+	}
+	// The last frame is the acknowledged commit frame: its header never reached the disk.
+	if _, err := wal.WriteAt(make([]byte, replicator.WALFrameHeaderSize), st.Size()-frame); err != nil {
+		t.Fatal(err)
+	}
+	wal.Close()
+	err = e.insert(3)
+	if errKind(err) != replicator.KindLocalDamage || !strings.Contains(err.Error(), "lost the write-back") {
+		t.Fatalf("the commit after a lost write-back: %v", err)
+	}
+	if s, _ := Status(e.path); !s.Poisoned {
+		t.Fatal("not poisoned")
+	}
+	e.agrees("after the poison")
+	if got := e.streamIDs(); !slices.Equal(got, []int{1, 2}) {
+		t.Fatalf("the stream holds %v", got)
+	}
+}
