@@ -7,7 +7,7 @@ import (
 	"github.com/ursula-go/ursula/streamcore"
 )
 
-// Outcome is what an answer to a write proves about that write (extension spec 000 §11.1,
+// Outcome is what an answer to a write proves about that write (checklist-protocol 28,
 // checklist-protocol 28). The zero value is Unknown, so an answer nobody classified is never
 // mistaken for a refusal.
 type Outcome int
@@ -73,7 +73,7 @@ func (k WriteKind) String() string {
 }
 
 // notAppliedCodes are the error codes that prove a 408 or 5xx applied nothing
-// (000 §11.1 "Codes that prove a refusal", checklist 28.6), intermediary codes included.
+// (checklist-protocol 28.6, the codes that prove a refusal), intermediary codes included.
 // Every other 408/5xx code, and a code the client does not know, leaves the outcome unknown.
 var notAppliedCodes = map[string]bool{
 	"BODY_TOO_SLOW":                    true, // 408, intermediary cut the body before forwarding
@@ -97,7 +97,7 @@ var notAppliedCodes = map[string]bool{
 }
 
 // CodeProvesNotApplied reports whether an error code on a 408 or 5xx proves that the write
-// applied nothing (000 §11.1). The proof is the code, never the status.
+// applied nothing (checklist-protocol 28). The proof is the code, never the status.
 func CodeProvesNotApplied(code string) bool { return notAppliedCodes[code] }
 
 // WriteAnswer is one HTTP answer to a write, as the classifier needs it.
@@ -178,7 +178,7 @@ func ClassifyUnanswered(sent bool) Outcome {
 }
 
 // HasTypedAnswer reports whether a 2xx carries the answer the server always sends for its
-// kind of write (000 §11.1, checklist 10.33): the receipt of a producer write (or a 204
+// kind of write (checklist-protocol 10.33): the receipt of a producer write (or a 204
 // receipt-evicted), Stream-Next-Offset of another append or close, Stream-Incarnation of a
 // create or a discard, the snapshot headers of a publish, Stream-Snapshot-Part of a part,
 // Stream-Retained-Offset + Stream-Incarnation of a retention advance. A delete or a bucket

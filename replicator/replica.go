@@ -398,7 +398,7 @@ func (r *Replica) claim(ctx context.Context, epoch uint64) error {
 }
 
 // Commit appends one commit record and returns once the server acknowledged it. The
-// outcome rules (DESIGN.md section 4): not applied fails alone and the database stays
+// outcome rules (docs/architecture.md, the commit trace): not applied fails alone and the database stays
 // usable; unknown is retried with the same producer seq within the retry budget, then
 // the replica is poisoned; a 403 fence stops it for good.
 //

@@ -15,7 +15,7 @@ import (
 	"github.com/ursula-go/ursula/streamcore"
 )
 
-// Snapshots and retention (DESIGN.md section 4, checklist-vfs P).
+// Snapshots and retention (checklist-vfs P).
 //
 // When the log since the latest snapshot exceeds snapshot_due_bytes = max(database size,
 // Options.SnapshotMinBytes), a goroutine of the replica publishes a snapshot at X, reads it

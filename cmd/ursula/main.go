@@ -62,7 +62,7 @@ Server flags (flags override the config file):
                        # ... one [[raft.peers]] per voter, this node included
                        [storage.cold]
                        backend = "fs"             # or "s3" ([storage.cold.s3]) or "none"
-                       dir = "/shared/ursula-cold" # fs: default <data_dir>/cold
+                       dir = "/mnt/ursula-cold"   # fs: default <data_dir>/cold
   --engine NAME    "raft" (default): persistent, replicated when peers are configured; with
                    no peers a single voter. "memory": streams live in process memory only.
   --node-id N      overrides raft.node_id, so one config file can serve every node
