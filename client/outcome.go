@@ -7,8 +7,8 @@ import (
 	"github.com/ursula-go/ursula/streamcore"
 )
 
-// Outcome is what an answer to a write proves about that write (checklist-protocol 28,
-// checklist-protocol 28). The zero value is Unknown, so an answer nobody classified is never
+// Outcome is what an answer to a write proves about that write (checklist-protocol 28).
+// The zero value is Unknown, so an answer nobody classified is never
 // mistaken for a refusal.
 type Outcome int
 
