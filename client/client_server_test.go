@@ -5,13 +5,12 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net/http/httptest"
 	"testing"
 	"time"
 
+	"github.com/ursula-go/ursula/internal/testserver"
+
 	"github.com/ursula-go/ursula/client"
-	"github.com/ursula-go/ursula/engine"
-	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -19,9 +18,7 @@ import (
 
 func newRealServer(t *testing.T) (*client.Client, string) {
 	t.Helper()
-	eng := engine.NewMemory(0)
-	ts := httptest.NewServer(server.New(eng, server.Config{ClusterID: "client-test"}))
-	t.Cleanup(func() { ts.Close(); eng.Close() })
+	ts := testserver.Start(t, testserver.Options{ClusterID: "client-test"})
 	c, err := client.New(ts.URL + "/bucket")
 	if err != nil {
 		t.Fatal(err)

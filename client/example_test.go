@@ -5,20 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"net/http/httptest"
+
+	"github.com/ursula-go/ursula/internal/testserver"
 
 	"github.com/ursula-go/ursula/client"
-	"github.com/ursula-go/ursula/engine"
-	"github.com/ursula-go/ursula/server"
 )
 
 // A client creates a stream, appends to it with an idempotent producer and reads it
 // back. Repeating an append with the same producer key is answered as a duplicate and
 // adds nothing, which is what makes a retry after an unknown outcome safe.
 func Example() {
-	eng := engine.NewMemory(0)
-	ts := httptest.NewServer(server.New(eng, server.Config{ClusterID: "client-example"}))
-	defer func() { ts.Close(); eng.Close() }()
+	ts := testserver.StartExample(testserver.Options{ClusterID: "client-example"})
+	defer ts.Close()
 	ctx := context.Background()
 
 	c, err := client.New(ts.URL + "/")
@@ -57,9 +55,8 @@ func Example() {
 // and never will be; Unknown means the write may have applied, and only a repeat with the
 // same producer key settles it.
 func ExampleError() {
-	eng := engine.NewMemory(0)
-	ts := httptest.NewServer(server.New(eng, server.Config{ClusterID: "client-example"}))
-	defer func() { ts.Close(); eng.Close() }()
+	ts := testserver.StartExample(testserver.Options{ClusterID: "client-example"})
+	defer ts.Close()
 
 	c, err := client.New(ts.URL + "/")
 	if err != nil {

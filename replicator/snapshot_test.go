@@ -9,7 +9,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -20,9 +19,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ursula-go/ursula/internal/testserver"
+
 	"github.com/ursula-go/ursula/client"
-	"github.com/ursula-go/ursula/engine"
-	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -34,14 +33,7 @@ const snapPage = 4096
 // snapServer starts a real stream server (memory engine) behind an optional wrapper.
 func snapServer(t *testing.T, wrap func(http.Handler) http.Handler) string {
 	t.Helper()
-	eng := engine.NewMemory(0)
-	var h http.Handler = server.New(eng, server.Config{ClusterID: "snapshot-test"})
-	if wrap != nil {
-		h = wrap(h)
-	}
-	ts := httptest.NewServer(h)
-	t.Cleanup(func() { ts.Close(); eng.Close() })
-	return ts.URL
+	return testserver.Start(t, testserver.Options{ClusterID: "snapshot-test", Wrap: wrap}).URL
 }
 
 // logBuf collects the logfmt events of a replica.

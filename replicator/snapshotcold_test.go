@@ -2,14 +2,13 @@ package replicator
 
 import (
 	"context"
-	"net/http/httptest"
 	"testing"
 	"time"
 
+	"github.com/ursula-go/ursula/internal/testserver"
+
 	coldstore "github.com/ursula-go/ursula/coldtier/store"
 	"github.com/ursula-go/ursula/coldtier/store/s3test"
-	"github.com/ursula-go/ursula/engine"
-	"github.com/ursula-go/ursula/server"
 )
 
 // coldServer starts a real server (memory engine) whose cold tier (fs, or s3 on versitygw)
@@ -29,17 +28,9 @@ func coldServer(t *testing.T, backend string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng := engine.NewMemory(0)
-	srv := server.New(eng, server.Config{ClusterID: "snapshot-parts"})
-	cfg := coldstore.Config{Backend: backend, Dir: "unused", S3: s3cfg, Root: "root",
-		FlushInterval: coldstore.Duration(20 * time.Millisecond), FlushSize: coldstore.Size(1 << 20),
-		FlushMaxConcurrency: 4, GCInterval: coldstore.Duration(time.Second), GCGrace: coldstore.Duration(time.Hour)}
-	if err := srv.EnableCold(store, cfg, server.ColdOptions{BackoffMax: 300 * time.Millisecond}); err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(srv)
-	t.Cleanup(func() { ts.Close(); srv.StopCold(); eng.Close() })
-	return ts.URL
+	cfg := testserver.DefaultColdConfig(backend, 1<<20)
+	cfg.S3 = s3cfg
+	return testserver.Start(t, testserver.Options{ClusterID: "snapshot-parts", Cold: store, ColdConfig: &cfg}).URL
 }
 
 // TestSnapshotInPartsOnColdTier: against the real server with a cold tier, a snapshot body

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ursula-go/ursula/internal/racetest"
+
 	"github.com/ursula-go/ursula/coldtier"
 	coldstore "github.com/ursula-go/ursula/coldtier/store"
 	"github.com/ursula-go/ursula/coldtier/store/s3test"
@@ -327,7 +329,7 @@ func TestColdReadsSpanTiers(t *testing.T) {
 // coldLargeBytes is the size of the large-stream test: 256 MiB, or 48 MiB under -short
 // or -race.
 func coldLargeBytes() uint64 {
-	if testing.Short() || raceEnabled {
+	if testing.Short() || racetest.Enabled { // the race detector slows byte shuffling about tenfold
 		return 48 << 20
 	}
 	return 256 << 20

@@ -3,20 +3,19 @@ package vfs
 import (
 	"bytes"
 	"context"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ursula-go/ursula/internal/testserver"
+
 	"github.com/ursula-go/ursula/client"
 	coldstore "github.com/ursula-go/ursula/coldtier/store"
 	"github.com/ursula-go/ursula/coldtier/store/s3test"
-	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/internal/racetest"
 	"github.com/ursula-go/ursula/replicator"
-	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -106,15 +105,7 @@ func s3ColdServer(tb testing.TB, prefix string, flushSize int64) (string, coldst
 	if err != nil {
 		tb.Fatal(err)
 	}
-	eng := engine.NewMemory(0)
-	srv := server.New(eng, server.Config{ClusterID: prefix})
-	cfg := coldstore.Config{Backend: "s3", S3: gw.Config(prefix), Root: "root",
-		FlushInterval: coldstore.Duration(20 * time.Millisecond), FlushSize: coldstore.Size(flushSize),
-		FlushMaxConcurrency: 4, GCInterval: coldstore.Duration(time.Second), GCGrace: coldstore.Duration(time.Hour)}
-	if err := srv.EnableCold(store, cfg, server.ColdOptions{BackoffMax: 300 * time.Millisecond}); err != nil {
-		tb.Fatal(err)
-	}
-	ts := httptest.NewServer(srv)
-	tb.Cleanup(func() { ts.Close(); srv.StopCold(); eng.Close() })
-	return ts.URL, store
+	cfg := testserver.DefaultColdConfig("s3", flushSize)
+	cfg.S3 = gw.Config(prefix)
+	return testserver.Start(tb, testserver.Options{ClusterID: prefix, Cold: store, ColdConfig: &cfg}).URL, store
 }

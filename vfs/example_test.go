@@ -4,21 +4,19 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 
-	"github.com/ursula-go/ursula/engine"
-	"github.com/ursula-go/ursula/server"
+	"github.com/ursula-go/ursula/internal/testserver"
+
 	"github.com/ursula-go/ursula/vfs"
 )
 
 // exampleServer starts a stream server (memory engine) on loopback for an example; stop
 // closes it.
 func exampleServer() (baseURL string, stop func()) {
-	eng := engine.NewMemory(0)
-	ts := httptest.NewServer(server.New(eng, server.Config{ClusterID: "vfs-example"}))
-	return ts.URL, func() { ts.Close(); eng.Close() }
+	s := testserver.StartExample(testserver.Options{ClusterID: "vfs-example"})
+	return s.URL, s.Close
 }
 
 // exampleDir is a fresh directory for an example's database files.

@@ -7,18 +7,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/ursula-go/ursula/internal/testserver"
+
 	"github.com/ncruces/go-sqlite3/driver"
 
 	"github.com/ursula-go/ursula/client"
-	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/replicator"
-	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -26,10 +25,7 @@ import (
 
 func startServer(t testing.TB) string {
 	t.Helper()
-	eng := engine.NewMemory(0)
-	ts := httptest.NewServer(server.New(eng, server.Config{ClusterID: "vfs-test"}))
-	t.Cleanup(func() { ts.Close(); eng.Close() })
-	return ts.URL
+	return testserver.Start(t, testserver.Options{ClusterID: "vfs-test"}).URL
 }
 
 func mustExec(t *testing.T, db *sql.DB, q string, args ...any) {

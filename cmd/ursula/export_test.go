@@ -3,16 +3,15 @@ package main
 import (
 	"bytes"
 	"database/sql"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/ursula-go/ursula/internal/testserver"
+
 	_ "github.com/ncruces/go-sqlite3/driver"
 
-	"github.com/ursula-go/ursula/engine"
-	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/streamcore"
 	"github.com/ursula-go/ursula/vfs"
 )
@@ -21,9 +20,7 @@ import (
 // commit boundary (point-in-time), claims nothing, and refuses bad offsets without
 // touching the output file.
 func TestExport(t *testing.T) {
-	eng := engine.NewMemory(0)
-	ts := httptest.NewServer(server.New(eng, server.Config{ClusterID: "export-test"}))
-	defer func() { ts.Close(); eng.Close() }()
+	ts := testserver.Start(t, testserver.Options{ClusterID: "export-test"})
 	url := ts.URL + "/expt/db"
 	dir := t.TempDir()
 	owner, err := vfs.Open(url, vfs.Options{Path: filepath.Join(dir, "owner.db")})
