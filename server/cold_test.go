@@ -125,7 +125,7 @@ func coldDo(t testing.TB, method, url string, body []byte, hdr ...string) (*http
 		t.Fatal(err)
 	}
 	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
+		req.Header.Add(hdr[i], hdr[i+1])
 	}
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {

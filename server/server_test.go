@@ -33,24 +33,12 @@ type answer struct {
 
 func do(t *testing.T, method, url string, body string, hdr ...string) answer {
 	t.Helper()
-	var rd io.Reader
+	var b []byte
 	if body != "" {
-		rd = strings.NewReader(body)
+		b = []byte(body)
 	}
-	req, err := http.NewRequest(method, url, rd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Add(hdr[i], hdr[i+1])
-	}
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	b, _ := io.ReadAll(res.Body)
-	return answer{res.StatusCode, res.Header, string(b)}
+	res, rb := coldDo(t, method, url, b, hdr...)
+	return answer{res.StatusCode, res.Header, string(rb)}
 }
 
 func expect(t *testing.T, a answer, status int, code string) {
