@@ -256,6 +256,7 @@ func TestVerify(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "page") || !strings.Contains(err.Error(), streamcore.FormatOffset(st2.Offset)) {
 		t.Fatalf("verify of a planted snapshot: %v (%s)", err, out.String())
 	}
+	t.Logf("verify refused the planted snapshot: %v", err)
 	if code := run([]string{"verify", url}, &out, &errb); code == 0 {
 		t.Error("ursula verify exited 0 on damage")
 	}
@@ -282,4 +283,46 @@ func snapshotOf(t *testing.T, c *client.Client, url, path string, at, claim uint
 		t.Fatal(err)
 	}
 	return blob
+}
+
+// TestBranchAfterRetention: when the source dropped its log below a snapshot, a branch
+// still opens (the snapshot goes with it), and points before the snapshot are refused
+// naming it as the earliest restorable point.
+func TestBranchAfterRetention(t *testing.T) {
+	base, url, _, _, offsets := historyServer(t, 10)
+	ctx := context.Background()
+	c, _ := client.New("")
+	snap := snapshotOf(t, c, url, filepath.Join(t.TempDir(), "snap.db"), offsets[6], offsets[6])
+	at := streamcore.FormatOffset(offsets[6])
+	if _, err := c.PublishSnapshot(ctx, url, at, "application/octet-stream", snap); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Retain(ctx, url, at); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	err := runBranch([]string{url + "@" + streamcore.FormatOffset(offsets[2]), base + "/hist/early"}, &out, &errb)
+	if err == nil || !strings.Contains(err.Error(), "earliest restorable point is the snapshot at offset "+at) {
+		t.Fatalf("branch before retention: %v", err)
+	}
+	err = runExport([]string{url, filepath.Join(t.TempDir(), "x.db"), "--at", "-1h"}, &out, &errb)
+	if err == nil || !strings.Contains(err.Error(), "earliest restorable point is the snapshot at offset "+at) {
+		t.Fatalf("export before retention: %v", err)
+	}
+	dst := base + "/hist/late"
+	if err := runBranch([]string{url + "@" + streamcore.FormatOffset(offsets[8]), dst}, &out, &errb); err != nil {
+		t.Fatal(err)
+	}
+	db, err := vfs.Open(dst, vfs.Options{Path: filepath.Join(t.TempDir(), "late.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var n int
+	if err := db.QueryRow(`SELECT count(*) FROM t`).Scan(&n); err != nil || n != 9 {
+		t.Fatalf("branch holds %d rows (%v), want 9", n, err)
+	}
+	if _, err := db.Exec(`INSERT INTO t VALUES (1000, NULL)`); err != nil {
+		t.Fatal(err)
+	}
 }
