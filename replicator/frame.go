@@ -10,8 +10,9 @@ import (
 	"github.com/klauspost/compress/zstd"
 )
 
-// This file holds the version 1 frame format: records (commit, claim) and the snapshot
-// blob. docs/frame-format.md is its description; keep the two in step.
+// This file holds the frame format: records (commit, claim; version 2, which adds the
+// wall-clock time to every body, and version 1, still read) and the snapshot blob
+// (version 1). docs/frame-format.md is its description; keep the two in step.
 
 // RecordKind says what a record holds.
 type RecordKind uint8
@@ -36,8 +37,10 @@ func (k RecordKind) String() string {
 const maxBodyBytes = 1 << 30
 
 const (
-	formatVersion      = 1
+	recordVersion      = 2 // what writers write; readers also take version 1
+	snapshotVersion    = 1
 	recordHeaderSize   = 16
+	recordTimeSize     = 8  // version 2: the body starts with the time, Unix nanoseconds
 	commitHeaderSize   = 12 // page size, db size, page count
 	claimBodySize      = 24 // epoch, nonce
 	snapshotHeaderSize = 40
@@ -77,6 +80,9 @@ type Page struct {
 // Commit is the body of a commit record: the final images of the pages one transaction
 // changed and the database size after it.
 type Commit struct {
+	// UnixNano is the wall-clock time of the commit on the writer, in Unix nanoseconds;
+	// 0 means not recorded (version 1 records). It lets people name a commit by time.
+	UnixNano int64
 	PageSize uint32 // 512..65536, a power of two
 	DBPages  uint32 // database size after the commit, in pages; > 0
 	Pages    []Page // strictly increasing page numbers in 1..DBPages, each PageSize bytes
@@ -85,8 +91,9 @@ type Commit struct {
 // Claim is the body of a claim record: an owner taking the stream at Epoch. Nonce is
 // random per claiming process, so the owner recognises its own claim when it reads it back.
 type Claim struct {
-	Epoch uint64
-	Nonce [16]byte
+	UnixNano int64 // wall-clock time of the claim (0: not recorded, version 1 records)
+	Epoch    uint64
+	Nonce    [16]byte
 }
 
 // Record is one decoded record. Exactly one of Commit and Claim is set, as Kind says.
@@ -122,10 +129,11 @@ func encodeCommit(c *Commit) ([]byte, error) {
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("ursula: encode commit: %w", err)
 	}
-	body := make([]byte, commitHeaderSize, c.bodySize())
-	le.PutUint32(body[0:], c.PageSize)
-	le.PutUint32(body[4:], c.DBPages)
-	le.PutUint32(body[8:], uint32(len(c.Pages)))
+	body := make([]byte, recordTimeSize+commitHeaderSize, recordTimeSize+c.bodySize())
+	le.PutUint64(body[0:], uint64(c.UnixNano))
+	le.PutUint32(body[8:], c.PageSize)
+	le.PutUint32(body[12:], c.DBPages)
+	le.PutUint32(body[16:], uint32(len(c.Pages)))
 	for _, p := range c.Pages {
 		body = le.AppendUint32(body, p.No)
 		body = append(body, p.Data...)
@@ -135,9 +143,10 @@ func encodeCommit(c *Commit) ([]byte, error) {
 
 // encodeClaim returns the claim record of c.
 func encodeClaim(c Claim) []byte {
-	body := make([]byte, claimBodySize)
-	le.PutUint64(body, c.Epoch)
-	copy(body[8:], c.Nonce[:])
+	body := make([]byte, recordTimeSize+claimBodySize)
+	le.PutUint64(body, uint64(c.UnixNano))
+	le.PutUint64(body[8:], c.Epoch)
+	copy(body[16:], c.Nonce[:])
 	return seal(KindClaim, body)
 }
 
@@ -169,7 +178,7 @@ func DecodeRecords(b []byte, base uint64, maxFrame int) (recs []Record, consumed
 		if got, want := checksum(rec[:12], rec[recordHeaderSize:]), le.Uint32(rec[12:]); got != want {
 			return recs, consumed, &frameError{Offset: off, Reason: fmt.Sprintf("crc32c mismatch: computed %08x, header says %08x", got, want)}
 		}
-		r, err := decodeBody(RecordKind(rec[5]), rec[recordHeaderSize:])
+		r, err := decodeBody(rec[4], RecordKind(rec[5]), rec[recordHeaderSize:])
 		if err != nil {
 			return recs, consumed, &frameError{Offset: off, Reason: err.Error()}
 		}
@@ -204,7 +213,7 @@ func EncodeSnapshot(h SnapshotHeader, image []byte) ([]byte, error) {
 		return nil, fmt.Errorf("ursula: encode snapshot: compressed image of %d bytes does not fit the format", len(payload))
 	}
 	copy(blob, snapshotMagic[:])
-	blob[4] = formatVersion
+	blob[4] = snapshotVersion
 	blob[5], blob[6], blob[7] = 0, 0, 0
 	le.PutUint32(blob[8:], h.PageSize)
 	le.PutUint32(blob[12:], h.DBPages)
@@ -225,7 +234,7 @@ func parseSnapshotHeader(b []byte) (SnapshotHeader, error) {
 	if [4]byte(b[:4]) != snapshotMagic {
 		return bad("bad magic %q", b[:4])
 	}
-	if b[4] != formatVersion {
+	if b[4] != snapshotVersion {
 		return bad("unknown version %d", b[4])
 	}
 	if b[5]|b[6]|b[7] != 0 {
@@ -277,7 +286,7 @@ func seal(kind RecordKind, body []byte) []byte {
 	rec := make([]byte, recordHeaderSize, recordHeaderSize+len(body)+64)
 	rec = encoder.EncodeAll(body, rec)
 	copy(rec, recordMagic[:])
-	rec[4] = formatVersion
+	rec[4] = recordVersion
 	rec[5] = byte(kind)
 	rec[6], rec[7] = 0, 0 // flags
 	le.PutUint32(rec[8:], uint32(len(rec)-recordHeaderSize))
@@ -291,7 +300,7 @@ func checkHeader(h []byte, maxFrame int) string {
 	switch {
 	case string(h[:min(n, 4)]) != string(recordMagic[:min(n, 4)]):
 		return fmt.Sprintf("bad magic %q", h[:min(n, 4)])
-	case n > 4 && h[4] != formatVersion:
+	case n > 4 && (h[4] < 1 || h[4] > recordVersion):
 		return fmt.Sprintf("unknown version %d", h[4])
 	case n > 5 && RecordKind(h[5]) != KindCommit && RecordKind(h[5]) != KindClaim:
 		return fmt.Sprintf("unknown record kind %d", h[5])
@@ -303,26 +312,41 @@ func checkHeader(h []byte, maxFrame int) string {
 	return ""
 }
 
-func decodeBody(kind RecordKind, payload []byte) (Record, error) {
+func decodeBody(version byte, kind RecordKind, payload []byte) (Record, error) {
+	timed := 0 // bytes of time in front of the version 1 body
+	if version >= 2 {
+		timed = recordTimeSize
+	}
 	if kind == KindClaim {
-		body, err := unzstd(payload, claimBodySize)
+		body, err := unzstd(payload, timed+claimBodySize)
 		if err != nil {
 			return Record{}, err
 		}
-		if len(body) != claimBodySize {
-			return Record{}, fmt.Errorf("claim body is %d bytes, want %d", len(body), claimBodySize)
+		if len(body) != timed+claimBodySize {
+			return Record{}, fmt.Errorf("claim body is %d bytes, want %d", len(body), timed+claimBodySize)
 		}
-		c := &Claim{Epoch: le.Uint64(body)}
+		c := &Claim{}
+		if timed > 0 {
+			c.UnixNano = int64(le.Uint64(body))
+		}
+		body = body[timed:]
+		c.Epoch = le.Uint64(body)
 		copy(c.Nonce[:], body[8:])
 		return Record{Kind: kind, Claim: c}, nil
 	}
-	body, err := unzstd(payload, maxBodyBytes)
+	body, err := unzstd(payload, timed+maxBodyBytes)
 	if err != nil {
 		return Record{}, err
 	}
-	c, err := parseCommit(body)
+	if len(body) < timed {
+		return Record{}, fmt.Errorf("commit body of %d bytes is shorter than its time", len(body))
+	}
+	c, err := parseCommit(body[timed:])
 	if err != nil {
 		return Record{}, fmt.Errorf("commit body: %w", err)
+	}
+	if timed > 0 {
+		c.UnixNano = int64(le.Uint64(body))
 	}
 	return Record{Kind: kind, Commit: c}, nil
 }

@@ -71,6 +71,13 @@ func rawRecord(version, kind byte, flags uint16, payload []byte) []byte {
 	return append(h, payload...)
 }
 
+// timedRecord compresses the time followed by a version 1 body and frames it as a
+// version 2 record.
+func timedRecord(kind RecordKind, unixNano int64, body []byte) []byte {
+	timed := append(le.AppendUint64(nil, uint64(unixNano)), body...)
+	return rawRecord(2, byte(kind), 0, encoder.EncodeAll(timed, nil))
+}
+
 // bodyRecord compresses any body and frames it as a version 1 record.
 func bodyRecord(kind RecordKind, body []byte) []byte {
 	return rawRecord(1, byte(kind), 0, encoder.EncodeAll(body, nil))
@@ -192,7 +199,10 @@ func TestDecodeDamage(t *testing.T) {
 	}{
 		{"bad magic", flip(0), `bad magic "\x15RSQ"`},
 		{"version 0", rawRecord(0, 1, 0, nil), "unknown version 0"},
-		{"version 2", rawRecord(2, 1, 0, nil), "unknown version 2"},
+		{"version 3", rawRecord(3, 1, 0, nil), "unknown version 3"},
+		{"version 0", rawRecord(0, 1, 0, nil), "unknown version 0"},
+		{"v2 claim short", timedRecord(KindClaim, 0, make([]byte, 23)), "claim body is 31 bytes, want 32"},
+		{"v2 commit without time", rawRecord(2, 1, 0, encoder.EncodeAll(make([]byte, 5), nil)), "shorter than its time"},
 		{"kind 0", rawRecord(1, 0, 0, nil), "unknown record kind 0"},
 		{"kind 3", rawRecord(1, 3, 0, nil), "unknown record kind 3"},
 		{"flags", rawRecord(1, 1, 1, nil), "flags 0001 are not zero"},
@@ -278,7 +288,8 @@ func TestDecodeCutHeader(t *testing.T) {
 		{"U", ""},
 		{"URSQ\x01\x02\x00", ""},
 		{"UX", `bad magic "UX"`},
-		{"URSQ\x02", "unknown version 2"},
+		{"URSQ\x02", ""},
+		{"URSQ\x03", "unknown version 3"},
 		{"URSQ\x01\x07", "unknown record kind 7"},
 		{"URSQ\x01\x01\x00\x01", "flags 0100 are not zero"},
 		{"URSQ\x01\x01\x00\x00\x00\x00\x10\x00", "record of 1048592 bytes is over the 65536 byte limit"},
@@ -412,7 +423,8 @@ func TestConcurrentCodec(t *testing.T) {
 
 // FuzzDecodeRecords decodes arbitrary bytes. mode 0 decodes them as they are, mode 1 first
 // fixes every whole record's CRC (to reach zstd and the body checks), mode 2 frames them
-// as a compressed body (to reach the body checks with valid zstd).
+// as a compressed version 1 body and mode 3 as a version 2 one (to reach the body checks
+// with valid zstd).
 func FuzzDecodeRecords(f *testing.F) {
 	seed := append(mustCommit(f, testCommit(512, 4, 1, 3)), encodeClaim(Claim{Epoch: 9, Nonce: [16]byte{1}})...)
 	for mode := range byte(3) {
@@ -423,9 +435,16 @@ func FuzzDecodeRecords(f *testing.F) {
 	}
 	f.Add(commitBody(512, 2, []uint32{1, 2}, 512), byte(2))
 	f.Add(commitBody(1024, 9, []uint32{3}, 1024), byte(2))
+	f.Add(append(le.AppendUint64(nil, 1_700_000_000_000_000_000), commitBody(512, 2, []uint32{2}, 512)...), byte(3))
+	f.Add(bodyRecord(KindCommit, commitBody(512, 2, []uint32{1, 2}, 512)), byte(0)) // an old, version 1 record
 	f.Fuzz(func(t *testing.T, data []byte, mode byte) {
 		b := data
-		switch mode % 3 {
+		switch mode % 4 {
+		case 3: // a version 2 body: time, then the version 1 body
+			if len(data) == 0 {
+				return
+			}
+			b = rawRecord(2, 1+data[0]&1, 0, encoder.EncodeAll(data[1:], nil))
 		case 1:
 			b = fixCRCs(bytes.Clone(data))
 		case 2:
@@ -558,4 +577,27 @@ func BenchmarkDecodeRecords(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(len(rec)), "record-bytes")
+}
+
+// TestVersion1RecordsStillDecode: records written before commit times existed (version 1)
+// decode as they did, with no time; version 2 records carry the time they were given.
+func TestVersion1RecordsStillDecode(t *testing.T) {
+	claimBody := make([]byte, 24)
+	le.PutUint64(claimBody, 7)
+	old := append(bodyRecord(KindClaim, claimBody), bodyRecord(KindCommit, commitBody(512, 2, []uint32{1, 2}, 512))...)
+	const when = 1_700_000_000_123_456_789
+	cm := testCommit(512, 2, 2)
+	cm.UnixNano = when
+	stream := append(old, mustCommit(t, cm)...)
+	stream = append(stream, encodeClaim(Claim{Epoch: 8, UnixNano: when + 1})...)
+	recs, consumed, err := DecodeRecords(stream, 0, 1<<20)
+	if err != nil || consumed != len(stream) || len(recs) != 4 {
+		t.Fatalf("decoded %d records, consumed %d of %d: %v", len(recs), consumed, len(stream), err)
+	}
+	if recs[0].Claim.Epoch != 7 || recs[0].Claim.UnixNano != 0 || recs[1].Commit.UnixNano != 0 || len(recs[1].Commit.Pages) != 2 {
+		t.Errorf("version 1 records decoded as %+v %+v", recs[0].Claim, recs[1].Commit)
+	}
+	if !reflect.DeepEqual(recs[2].Commit, cm) || recs[3].Claim.UnixNano != when+1 || recs[3].Claim.Epoch != 8 {
+		t.Errorf("version 2 records decoded as %+v %+v", recs[2].Commit, recs[3].Claim)
+	}
 }

@@ -360,7 +360,7 @@ func (r *Replica) SaveState() error {
 // proves nothing about who owns the stream.
 func (r *Replica) claim(ctx context.Context, epoch uint64) error {
 	var cl Claim
-	cl.Epoch = epoch
+	cl.Epoch, cl.UnixNano = epoch, time.Now().UnixNano()
 	rand.Read(cl.Nonce[:])
 	body := encodeClaim(cl)
 	wr, err := r.opts.Client.Append(ctx, r.url, body, client.AppendOptions{
@@ -419,6 +419,9 @@ func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 		if err := r.settleRefused(ctx); err != nil {
 			return err
 		}
+	}
+	if cm.UnixNano == 0 {
+		cm.UnixNano = commitStart.UnixNano()
 	}
 	body, err := encodeCommit(cm)
 	if err != nil {

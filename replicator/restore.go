@@ -18,6 +18,11 @@ type Image struct {
 	Tail     uint64 // stream offset the file reflects: just past the last applied record
 	Epoch    uint64 // highest claimed epoch seen (snapshot header and claim records)
 	Commits  int    // commit records applied after the snapshot
+	// LastCommitUnixNano is the time of the last commit applied (0: none applied after
+	// the snapshot, or not recorded).
+	LastCommitUnixNano int64
+	// SnapshotOffset is the offset of the snapshot the rebuild started from (0: none).
+	SnapshotOffset uint64
 }
 
 // Progress reports bytes of stream replayed out of the total to replay.
@@ -138,6 +143,7 @@ func rebuild(ctx context.Context, c *client.Client, url string, f *os.File, img 
 				return 0, newError(KindDamaged, ActionStop, nil, "snapshot published at %d says it folds the stream up to %d", snapOff, h.Offset)
 			}
 			img.PageSize, img.DBPages, img.Epoch, from = h.PageSize, h.DBPages, h.Epoch, snapOff
+			img.SnapshotOffset = snapOff
 			installed = int(n)
 		}
 	}
@@ -228,6 +234,7 @@ func apply(f *os.File, img *Image, r Record) error {
 			}
 		}
 		img.Commits++
+		img.LastCommitUnixNano = cm.UnixNano
 	}
 	return nil
 }

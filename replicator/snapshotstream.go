@@ -38,7 +38,7 @@ func writeSnapshot(w io.WriterAt, h SnapshotHeader, image io.Reader) (int64, err
 	size := int64(h.DBPages) * int64(h.PageSize)
 	var head [snapshotHeaderSize]byte
 	copy(head[:], snapshotMagic[:])
-	head[4] = formatVersion
+	head[4] = snapshotVersion
 	le.PutUint32(head[8:], h.PageSize)
 	le.PutUint32(head[12:], h.DBPages)
 	le.PutUint64(head[16:], h.Epoch)

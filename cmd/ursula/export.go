@@ -16,30 +16,26 @@ import (
 	"github.com/ursula-go/ursula/streamcore"
 )
 
-const exportUsage = `Usage: ursula export <stream-url> <out.db> [--at OFFSET]
+const exportUsage = `Usage: ursula export <stream-url> <out.db> [--at OFFSET|TIME|-DURATION]
 
 Writes a plain, self-contained SQLite file of the replicated database held by the
-stream: at its tail, or as it was at OFFSET (a 20-digit stream offset at a commit
-boundary that the stream still retains: point-in-time export). Nothing is claimed: the
-owner keeps writing undisturbed. out.db is replaced atomically.
+stream: at its tail, or as it was at an earlier commit (point-in-time export):
+  --at OFFSET     a stream offset at a commit boundary (ursula log lists them)
+  --at TIME       an RFC 3339 time: the last commit made at or before it
+  --at -DURATION  that long before now, e.g. -10m or -2h30m
+The export says which commit it used. A point the stream no longer retains is refused,
+naming the earliest one it does. Nothing is claimed: the owner keeps writing
+undisturbed. out.db is replaced atomically. Progress is drawn when stderr is a terminal.
 `
 
 func runExport(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("export", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, exportUsage) }
-	at := fs.String("at", "", "stream offset to export at (default: the tail)")
-	// Flags may follow the positional arguments.
-	var pos []string
-	for len(args) > 0 {
-		if err := fs.Parse(args); err != nil {
-			return err
-		}
-		args = fs.Args()
-		if len(args) > 0 {
-			pos = append(pos, args[0])
-			args = args[1:]
-		}
+	at := fs.String("at", "", "offset, RFC 3339 time or -DURATION to export at (default: the tail)")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
 	}
 	if len(pos) != 2 {
 		fs.Usage()
@@ -49,19 +45,24 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 	if err := replicator.CheckURL(url); err != nil {
 		return err
 	}
-	var offset uint64
-	if *at != "" {
-		o, err := streamcore.ParseOffset(*at)
-		if err != nil {
-			return fmt.Errorf("--at: %v", err)
-		}
-		offset = o
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	c, err := client.New("")
 	if err != nil {
 		return err
+	}
+	var offset uint64
+	used := ""
+	if *at != "" {
+		h, err := replicator.ReadHistory(ctx, c, url, streamcore.MaxRequestBytes, nil)
+		if err != nil {
+			return err
+		}
+		p, err := h.Resolve(*at, time.Now())
+		if err != nil {
+			return fmt.Errorf("--at %s: %w", *at, err)
+		}
+		offset, used = p.Offset, describePoint(p)
 	}
 	var bar *progressBar
 	if isTerminal(stderr) {
@@ -75,8 +76,11 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 	if err := rollbackJournalMode(out); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "exported %s at offset %s: %d pages of %d bytes (%d commits replayed) -> %s\n",
-		url, streamcore.FormatOffset(img.Tail), img.DBPages, img.PageSize, img.Commits, out)
+	if used == "" {
+		used = "offset " + streamcore.FormatOffset(img.Tail)
+	}
+	fmt.Fprintf(stdout, "exported %s at %s: %d pages of %d bytes (%d commits replayed) -> %s\n",
+		url, used, img.DBPages, img.PageSize, img.Commits, out)
 	return nil
 }
 

@@ -32,12 +32,18 @@ retention, idempotent producers and live reads), the home of replicated SQLite d
 
 Usage:
   ursula server [--listen ADDR] [--data DIR] [--config FILE] [--engine raft|memory] [--node-id N]
-  ursula export <stream-url> <out.db> [--at OFFSET]
+  ursula export <stream-url> <out.db> [--at OFFSET|TIME|-DURATION]
+  ursula log <stream-url> [--json]
+  ursula branch <src-url>[@OFFSET|@TIME] <dst-url>
+  ursula verify <stream-url> [--every 10m] [--metrics-listen ADDR]
   ursula help
 
 Commands:
   server   Run the stream server until SIGINT or SIGTERM (graceful: in-flight requests finish).
-  export   Write a plain SQLite file of a replicated database, at the tail or at an offset.
+  export   Write a plain SQLite file of a replicated database, at the tail or as of a commit.
+  log      List a database's retained commits and snapshots with their times.
+  branch   Make a writable copy of a database as it was, as a fork of its stream.
+  verify   Rebuild a database from its stream and check it (integrity, replay agreement).
 
 Server flags (flags override the config file):
   --listen ADDR    address to listen on (config server.listen; default 127.0.0.1:4437)
@@ -110,6 +116,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "server":
 		if err := runServer(args[1:], stderr); err != nil {
 			fmt.Fprintf(stderr, "ursula server: %v\n", err)
+			return 1
+		}
+		return 0
+	}
+	if cmd, ok := databaseCommands()[args[0]]; ok {
+		if err := cmd(args[1:], stdout, stderr); err != nil {
+			fmt.Fprintf(stderr, "ursula %s: %v\n", args[0], err)
 			return 1
 		}
 		return 0
