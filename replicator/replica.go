@@ -161,7 +161,7 @@ func envDuration(name string, def time.Duration) time.Duration {
 func CheckURL(raw string) error {
 	nu, multi, err := client.ParseNodeURL(raw)
 	if err != nil {
-		return newError(KindInvalidURL, ActionFix, err, "%s", err.Error())
+		return newError(KindInvalidURL, ActionFix, nil, "%s", err.Error())
 	}
 	if multi {
 		// The rest of the URL is checked as the URL of the first node.

@@ -239,7 +239,7 @@ func classifyRead(err error, what string) error {
 		ce = e
 	}
 	if ue := urlRefusal(err); ue != nil {
-		return newError(KindInvalidURL, ActionFix, err, "%s: %s", what, ue.Reason)
+		return newError(KindInvalidURL, ActionFix, nil, "%s: %s", what, ue.Reason)
 	}
 	if ce != nil && ce.Status == http.StatusNotFound {
 		return newError(KindNotFound, ActionFix, err, "%s: the stream does not exist", what)
