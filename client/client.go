@@ -27,7 +27,8 @@ import (
 //
 // Stream-addressed methods take the stream URL: a full URL such as
 // http://127.0.0.1:4437/bucket/stream, or a reference resolved against the base URL given
-// to New (for example "bucket/stream").
+// to New (for example "bucket/stream"). A full URL may name several nodes of one cluster,
+// http://n1:4437,n2:4437,n3:4437/bucket/stream (see ParseNodeURL).
 type Client struct {
 	// HTTP sends the requests. New installs a keep-alive transport; a client given
 	// with WithHTTPClient is copied and its redirect following turned off (the client
