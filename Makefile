@@ -73,7 +73,9 @@ bench: build conformance-deps s3-deps
 	$(GO) build -o $(BIN)/ursula-bench ./cmd/ursula-bench
 	test/bench/run.sh
 	@echo "== commit latency: replicated (vfs over loopback HTTP) vs plain local SQLite (WAL)"
-	$(GO) test -run '^$$' -bench 'Commit' -benchtime 2000x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)'
+	$(GO) test -run '^$$' -bench '^BenchmarkCommit$$' -benchtime 2000x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)'
+	@echo "== commit latency against a 3-node loopback cluster (node-list URL), leader first in the list vs last"
+	$(GO) test -run '^$$' -bench '^BenchmarkCommitCluster$$' -benchtime 2000x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)'
 	@echo "== cold start (fresh-host attach) of 10 MB and 100 MB databases"
 	$(GO) test -run '^$$' -bench '^BenchmarkColdStart$$' -benchtime 3x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)'
 	@echo "== cold start from an S3 (versitygw) cold-tier snapshot, 10 MB / 100 MB / 1 GB, vs cp+fsync of the same file"

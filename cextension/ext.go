@@ -339,7 +339,7 @@ func attach(path, url string, readOnly bool) (uint64, error) {
 	mu.Unlock()
 	if st != nil {
 		switch {
-		case st.db.URL() != url:
+		case !client.SameStream(st.db.URL(), url):
 			return 0, setupErr(replicator.KindOtherStream, "%s is attached to %s in this process, not %s", abs, st.db.URL(), url)
 		case st.readOnly != readOnly:
 			return 0, setupErr(replicator.KindInUse, "%s is already attached in this process in the other mode (read-only vs owner)", abs)

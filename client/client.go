@@ -27,7 +27,8 @@ import (
 //
 // Stream-addressed methods take the stream URL: a full URL such as
 // http://127.0.0.1:4437/bucket/stream, or a reference resolved against the base URL given
-// to New (for example "bucket/stream").
+// to New (for example "bucket/stream"). A full URL may name several nodes of one cluster,
+// http://n1:4437,n2:4437,n3:4437/bucket/stream (see ParseNodeURL).
 type Client struct {
 	// HTTP sends the requests. New installs a keep-alive transport; a client given
 	// with WithHTTPClient is copied and its redirect following turned off (the client
@@ -46,7 +47,8 @@ type Client struct {
 	// UserAgent is sent on every request when set.
 	UserAgent string
 
-	token atomic.Pointer[string]
+	token  atomic.Pointer[string]
+	routes sync.Map // node list (scheme://authority) -> *nodeRoute (nodes.go)
 }
 
 // Option configures New.
@@ -880,6 +882,9 @@ func subURL(streamURL, sub, offset string) string {
 }
 
 func (c *Client) resolve(ref string) (string, error) {
+	if _, ok, err := ParseNodeURL(ref); ok {
+		return ref, err // a node list is absolute (and not a URL url.Parse reads)
+	}
 	u, err := url.Parse(ref)
 	if err != nil {
 		return "", fmt.Errorf("invalid URL %q: %w", ref, err)
@@ -948,14 +953,27 @@ func (c *Client) withTimeout(ctx context.Context, d time.Duration) (context.Cont
 }
 
 // write sends a write, following redirects that prove the target applied nothing, and
-// classifies the final answer.
+// classifies the final answer. Over a node list it goes to the stream's preferred node,
+// moves on to the next node when one cannot be reached before anything went out, and
+// follows a NotLeader answer to the leader it names when that leader is in the list.
 func (c *Client) write(ctx context.Context, op string, kind WriteKind, method, ref string, h http.Header, body []byte) (*WriteResult, error) {
 	u, err := c.resolve(ref)
 	if err != nil {
 		return nil, newErr(op, method, ref, NotApplied, err, "")
 	}
+	rt, nu, err := c.routeFor(u)
+	if err != nil {
+		return nil, newErr(op, method, u, NotApplied, err, "")
+	}
 	ctx, cancel := c.withTimeout(ctx, c.WriteTimeout)
 	defer cancel()
+	node := 0
+	if rt != nil {
+		if node, err = rt.first(ctx, c, nu); err != nil {
+			return nil, newErr(op, method, u, NotApplied, err, "")
+		}
+		u = nu.At(node)
+	}
 	for hop := 0; ; hop++ {
 		var sent atomic.Bool
 		var bodySent atomic.Bool
@@ -979,7 +997,26 @@ func (c *Client) write(ctx context.Context, op string, kind WriteKind, method, r
 		}
 		resp, err := c.HTTP.Do(req)
 		if err != nil {
-			return nil, c.transportError(op, method, u, err, sent.Load() || bodySent.Load(), false)
+			ce := c.transportError(op, method, u, err, sent.Load() || bodySent.Load(), false)
+			if rt != nil {
+				// The next attempt, in this call or the caller's resend, goes to the next node.
+				node = rt.skip(nu, node)
+				if ce.Outcome == NotApplied && hop < nodeHops(nu) && ctx.Err() == nil {
+					u = nu.At(node)
+					continue
+				}
+			}
+			return nil, ce
+		}
+		if rt != nil {
+			if uerr := rt.observe(nu, node, resp.Header); uerr != nil {
+				resp.Body.Close()
+				outcome := Unknown
+				if resp.StatusCode >= 300 {
+					outcome = c.Policy.Classify(WriteAnswer{Kind: kind, Status: resp.StatusCode, Header: resp.Header, BodySent: bodySent.Load()})
+				}
+				return nil, newErr(op, method, u, outcome, uerr, "")
+			}
 		}
 		a := WriteAnswer{Kind: kind, Status: resp.StatusCode, Header: resp.Header, BodySent: bodySent.Load()}
 		if resp.StatusCode >= 200 && resp.StatusCode < 300 {
@@ -1000,6 +1037,20 @@ func (c *Client) write(ctx context.Context, op string, kind WriteKind, method, r
 		outcome := c.Policy.Classify(a)
 		ce := c.answerError(op, method, u, resp, eb)
 		ce.Outcome = outcome
+		if rt != nil {
+			next, err := c.reroute(rt, nu, node, ce)
+			if err != nil {
+				return nil, err
+			}
+			if next >= 0 {
+				node = next
+				if outcome == NotApplied && hop < nodeHops(nu) {
+					u = nu.At(node)
+					continue
+				}
+			}
+			return nil, ce
+		}
 		if isRedirect(resp.StatusCode) && outcome == NotApplied && ce.Location != "" && hop < c.maxRedirects() {
 			next, err := resolveAgainst(u, ce.Location)
 			if err == nil {
@@ -1009,6 +1060,29 @@ func (c *Client) write(ctx context.Context, op string, kind WriteKind, method, r
 		}
 		return nil, ce
 	}
+}
+
+// reroute decides where the next attempt over a node list goes after an error answer
+// from node: the node a redirect names, or the next node after a NotLeader 503 (-1: the
+// answer is not about routing). A redirect to a host outside the list is refused with a
+// *URLError in ce.Err: the request, and its token, never go there.
+func (c *Client) reroute(rt *nodeRoute, nu *NodeURL, node int, ce *Error) (int, error) {
+	switch {
+	case ce.Status >= 300 && ce.Status < 400 && ce.Location != "":
+		i := nu.indexOf(node, ce.Location)
+		if i < 0 {
+			ce.Err = &URLError{URL: nu.Scheme + "://" + nu.Authority() + nu.Rest, Reason: fmt.Sprintf(
+				"node %s redirected to %s, which is not one of the URL's nodes; not followed, so no request or token goes to a host the URL does not name",
+				nu.Nodes[node].authority(), ce.Location)}
+			ce.Message = ce.Err.Error()
+			return -1, ce
+		}
+		rt.setPreferred(nu, i)
+		return i, nil
+	case isNotLeader(ce.Status, ce.Header, ce.Code):
+		return rt.skip(nu, node), nil
+	}
+	return -1, nil
 }
 
 func (c *Client) maxRedirects() int {
@@ -1022,13 +1096,27 @@ func (c *Client) maxRedirects() int {
 }
 
 // read sends a read (GET or HEAD), following redirects. A 2xx or 304 answer is returned
-// with its body open; the caller closes it.
+// with its body open; the caller closes it. Over a node list a read moves on to the next
+// node when one cannot be reached or knows no leader, and follows redirects only within
+// the list.
 func (c *Client) read(ctx context.Context, op, method, ref string, h http.Header, timeout time.Duration) (*http.Response, error) {
 	u, err := c.resolve(ref)
 	if err != nil {
 		return nil, newErr(op, method, ref, NotApplied, err, "")
 	}
+	rt, nu, err := c.routeFor(u)
+	if err != nil {
+		return nil, newErr(op, method, u, NotApplied, err, "")
+	}
 	ctx, cancel := c.withTimeout(ctx, timeout)
+	node := 0
+	if rt != nil {
+		if node, err = rt.first(ctx, c, nu); err != nil {
+			cancel()
+			return nil, newErr(op, method, u, NotApplied, err, "")
+		}
+		u = nu.At(node)
+	}
 	for hop := 0; ; hop++ {
 		req, err := c.newRequest(ctx, method, u, h, nil, 0)
 		if err != nil {
@@ -1037,8 +1125,20 @@ func (c *Client) read(ctx context.Context, op, method, ref string, h http.Header
 		}
 		resp, err := c.HTTP.Do(req)
 		if err != nil {
+			if rt != nil && hop < nodeHops(nu) && ctx.Err() == nil {
+				node = rt.skip(nu, node)
+				u = nu.At(node)
+				continue
+			}
 			cancel()
 			return nil, c.transportError(op, method, u, err, true, true)
+		}
+		if rt != nil {
+			if uerr := rt.observe(nu, node, resp.Header); uerr != nil {
+				resp.Body.Close()
+				cancel()
+				return nil, newErr(op, method, u, NotApplied, uerr, "")
+			}
 		}
 		if (resp.StatusCode >= 200 && resp.StatusCode < 300) || resp.StatusCode == http.StatusNotModified {
 			resp.Body = cancelBody{resp.Body, cancel}
@@ -1047,6 +1147,20 @@ func (c *Client) read(ctx context.Context, op, method, ref string, h http.Header
 		eb := readErrorBody(resp)
 		ce := c.answerError(op, method, u, resp, eb)
 		ce.Outcome = NotApplied
+		if rt != nil {
+			next, err := c.reroute(rt, nu, node, ce)
+			if err != nil {
+				cancel()
+				return nil, err
+			}
+			if next >= 0 && hop < nodeHops(nu) {
+				node = next
+				u = nu.At(node)
+				continue
+			}
+			cancel()
+			return nil, ce
+		}
 		if isRedirect(resp.StatusCode) && ce.Location != "" && hop < c.maxRedirects() {
 			if next, err := resolveAgainst(u, ce.Location); err == nil {
 				u = next

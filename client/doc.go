@@ -8,4 +8,9 @@
 // repeat an Unknown write with the same producer key and body, and may treat a NotApplied
 // one as never having happened. Failures come back as *Error, which carries the outcome,
 // the HTTP status and the server's error code.
+//
+// A stream URL may name several nodes of one cluster (http://n1:4437,n2:4437/bucket/stream,
+// nodes.go): the client routes each request to one of them, skips nodes it cannot reach,
+// follows NotLeader answers only to nodes of the list, and refuses a list whose nodes
+// belong to different clusters.
 package client

@@ -131,7 +131,8 @@ func (o *Options) defaults() error {
 		if err != nil {
 			return err
 		}
-		// A redirect is never followed: 307 is resent to the same URL, others fail.
+		// A redirect is never followed: 307 is resent to the same URL, others fail. Over a
+		// node list the client follows NotLeader answers within the list instead.
 		c.MaxRedirects = -1
 		o.Client = c
 		o.tokenFile = os.Getenv("URSULA_VFS_TOKEN_FILE")
@@ -154,8 +155,18 @@ func envDuration(name string, def time.Duration) time.Duration {
 	return def
 }
 
-// CheckURL refuses stream URLs that cannot name a stream (checklist-vfs B).
+// CheckURL refuses stream URLs that cannot name a stream (checklist-vfs B). A URL may name
+// several nodes of one cluster (http://n1:4437,n2:4437,n3:4437/bucket/stream); a malformed
+// node list is refused here too.
 func CheckURL(raw string) error {
+	nu, multi, err := client.ParseNodeURL(raw)
+	if err != nil {
+		return newError(KindInvalidURL, ActionFix, nil, "%s", err.Error())
+	}
+	if multi {
+		// The rest of the URL is checked as the URL of the first node.
+		raw = nu.At(0)
+	}
 	u, err := url.Parse(raw)
 	switch {
 	case err != nil:
@@ -170,6 +181,16 @@ func CheckURL(raw string) error {
 		return newError(KindInvalidURL, ActionFix, nil, "stream URL must not have a fragment")
 	case u.Path == "" || u.Path == "/":
 		return newError(KindInvalidURL, ActionFix, nil, "stream URL has no stream path")
+	}
+	return nil
+}
+
+// urlRefusal is the *client.URLError in err, if any: a node list of mixed clusters or a
+// redirect outside the list.
+func urlRefusal(err error) *client.URLError {
+	var ue *client.URLError
+	if errors.As(err, &ue) {
+		return ue
 	}
 	return nil
 }
@@ -234,7 +255,7 @@ func Attach(ctx context.Context, streamURL, path string, opts Options) (*Replica
 		return nil, newError(KindUnreplicated, ActionFix, nil,
 			"%s holds data but was never attached (no sidecar %s); it is left as it is. To replicate its rows, copy them into a database opened with vfs.Open at another path (for example with ATTACH and INSERT ... SELECT)",
 			path, SidecarPath(path))
-	case sc != nil && sc.URL != streamURL:
+	case sc != nil && !client.SameStream(sc.URL, streamURL):
 		return nil, newError(KindOtherStream, ActionFix, nil,
 			"%s is the local copy of %s, not %s; use another path, or spell the URL exactly as before", path, sc.URL, streamURL)
 	}
@@ -690,6 +711,9 @@ func classifyCommit(err error, seq uint64) commitVerdict {
 	verdict := func(step commitStep, kind Kind, format string, args ...any) commitVerdict {
 		return commitVerdict{step: step, kind: kind, reason: fmt.Sprintf(format, args...), unproven: !marked}
 	}
+	if ue := urlRefusal(err); ue != nil {
+		return commitVerdict{step: stepFix, kind: KindInvalidURL, reason: ue.Error()}
+	}
 	switch st := ce.Status; {
 	case st == 0 && ce.Outcome == client.NotApplied:
 		return commitVerdict{step: stepRetryRefused, kind: KindUnreachable, reason: "never sent: " + reason}
@@ -705,7 +729,7 @@ func classifyCommit(err error, seq uint64) commitVerdict {
 	case st == http.StatusConflict && ce.ProducerExpectedSeq < 0 && !ce.StreamClosed && (ce.StreamLastSeq != "" || ce.Code == streamcore.CodeStreamSeqConflict):
 		return commitVerdict{step: stepFence, kind: KindFenced, reason: "another writer appended to the stream (Stream-Seq conflict)"}
 	case st == http.StatusTemporaryRedirect:
-		return commitVerdict{step: stepRetryUnknown, kind: KindOutcomeUnknown, reason: "307 redirect (resent to the same URL)"}
+		return commitVerdict{step: stepRetryUnknown, kind: KindOutcomeUnknown, reason: "307 redirect (resent to the same URL, or over a node list to the leader it names)"}
 	case st >= 300 && st < 400:
 		return commitVerdict{step: stepFix, kind: KindInvalidURL, reason: fmt.Sprintf("the stream URL answered %d redirecting to %q; redirects are not followed, use the URL that answers directly", st, ce.Location)}
 	case st == http.StatusPaymentRequired:

@@ -245,6 +245,9 @@ func classifyRead(err error, what string) error {
 	if e, ok := err.(*client.Error); ok {
 		ce = e
 	}
+	if ue := urlRefusal(err); ue != nil {
+		return newError(KindInvalidURL, ActionFix, nil, "%s: %s", what, ue.Reason)
+	}
 	if ce != nil && ce.Status == http.StatusNotFound {
 		return newError(KindNotFound, ActionFix, err, "%s: the stream does not exist", what)
 	}

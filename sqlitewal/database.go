@@ -66,7 +66,7 @@ func Attach(path, streamURL string, opts AttachOptions) (*Database, error) {
 	registryMu.Lock()
 	defer registryMu.Unlock()
 	if db := registry[path]; db != nil {
-		if db.url != streamURL {
+		if !client.SameStream(db.url, streamURL) {
 			return nil, &replicator.Error{Kind: replicator.KindOtherStream, Action: replicator.ActionFix,
 				Message: fmt.Sprintf("%s is attached to %s in this process, not %s", path, db.url, streamURL)}
 		}

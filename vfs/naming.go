@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/replicator"
 )
 
@@ -20,8 +21,16 @@ import (
 // canonicalURL is the one spelling of a stream URL that names its local file: scheme and
 // host lowercased, the port only when not the scheme's default, the path with dot
 // segments resolved and each segment percent-decoded then re-encoded one fixed way, no
-// trailing slash, no userinfo.
+// trailing slash, no userinfo. A URL naming several nodes of a cluster lists each node
+// spelled that way, sorted: the same nodes in another order name the same database.
 func canonicalURL(raw string) (string, error) {
+	nu, multi, err := client.ParseNodeURL(raw)
+	if err != nil {
+		return "", err
+	}
+	if multi {
+		raw = nu.At(0) // the path is read as the first node's URL
+	}
 	u, err := url.Parse(raw)
 	if err != nil {
 		return "", err
@@ -33,6 +42,9 @@ func canonicalURL(raw string) (string, error) {
 	}
 	if p := u.Port(); p != "" && !(scheme == "http" && p == "80") && !(scheme == "https" && p == "443") {
 		host += ":" + p
+	}
+	if multi {
+		host = nu.CanonicalAuthority()
 	}
 	var segs []string
 	for _, s := range pathSegments(u) {
@@ -95,7 +107,12 @@ func DefaultFileName(streamURL string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	u, _ := url.Parse(canon)
+	// The label reads only the path (a node list is no host url.Parse takes).
+	rest := canon[strings.Index(canon, "://")+3:]
+	u, err := url.Parse("http://host" + rest[strings.IndexByte(rest, '/'):])
+	if err != nil {
+		return "", err
+	}
 	sum := sha256.Sum256([]byte(canon))
 	return fileLabel(u) + "-" + hex.EncodeToString(sum[:16]) + ".db", nil
 }

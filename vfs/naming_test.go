@@ -2,6 +2,7 @@ package vfs
 
 import (
 	"database/sql"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -115,4 +116,33 @@ func TestReadOnlySlots(t *testing.T) {
 	}
 	readers = append(readers, r)
 	mustExec(t, owner, `INSERT INTO t VALUES (3)`) // the owner is not fenced by readers
+}
+
+// TestNamingNodeList: a URL naming several nodes names one file whatever the order and
+// spelling of its nodes (the same bytes as the Python and Node bindings); another node
+// set is another file; a malformed list is invalid_url.
+func TestNamingNodeList(t *testing.T) {
+	for _, tc := range []struct{ urls []string }{
+		{[]string{"http://a:1,B:2,c:80/x/y", "http://c,b:2,A:1/x/./y/", "http://b:02,c:80,a:1/x/y"}},
+		{[]string{"https://n1:443,[::1]:4437/db/s", "https://[::1]:4437,N1/db/s"}},
+	} {
+		want := map[string]string{
+			"http":  "x-y-5649da43f433253136a7a9fa86fef73b.db",
+			"https": "db-s-9e50e69eae9de9021c8bbc863fc7c677.db",
+		}[strings.Split(tc.urls[0], ":")[0]]
+		for _, u := range tc.urls {
+			if got, err := DefaultFileName(u); err != nil || got != want {
+				t.Errorf("%s -> %s %v, want %s", u, got, err, want)
+			}
+		}
+	}
+	if a, _ := DefaultFileName("http://a:1,b:2/x/y"); a == "x-y-5649da43f433253136a7a9fa86fef73b.db" {
+		t.Error("two of the three nodes name the same file as all three")
+	}
+	for _, bad := range []string{"http://a:1,,c:3/x/y", "http://a:1,b:x/x/y", "http://a:1,a:1/x/y"} {
+		_, err := Open(bad, Options{Path: filepath.Join(t.TempDir(), "bad.db")})
+		if e, ok := replicator.AsError(err); !ok || e.Kind != replicator.KindInvalidURL {
+			t.Errorf("Open(%s): %v, want invalid_url", bad, err)
+		}
+	}
 }

@@ -178,7 +178,29 @@ function splitURL(url) {
   return { scheme: m[1].toLowerCase(), host: host.replace(/^\[|\]$/g, '').toLowerCase(), port, path: m[3] };
 }
 
+function canonicalNode(scheme, node) {
+  const m = /^(?:\[([0-9A-Fa-f:.%]+)\]|([A-Za-z0-9._~%-]+))(?::([0-9]+))?$/.exec(node);
+  const port = m && m[3] !== undefined ? parseInt(m[3], 10) : null;
+  if (!m || (port !== null && (port < 1 || port > 65535))) {
+    throw new UrsulaSetupError(`stream URL node ${JSON.stringify(node)} is not host:port`, { kind: 'invalid_url' });
+  }
+  let host = (m[1] || m[2]).toLowerCase();
+  if (m[1]) host = `[${host}]`;
+  if (port !== null && String(port) !== ({ http: '80', https: '443' })[scheme]) host += ':' + port;
+  return host;
+}
+
+// canonicalURL is the one spelling of a stream URL that names its local file (the same
+// bytes as the Go vfs package). A URL naming several nodes of a cluster lists them
+// sorted, so the same nodes in another order name the same file.
 function canonicalURL(url) {
+  const nl = /^([A-Za-z][A-Za-z0-9+.-]*):\/\/([^/?#]*,[^/?#]*)([\s\S]*)$/.exec(url);
+  if (nl) {
+    const scheme = nl[1].toLowerCase();
+    const names = nl[2].split(',').map((n) => canonicalNode(scheme, n)).sort();
+    const rest = canonicalURL(`${scheme}://node${nl[3]}`);
+    return `${scheme}://${names.join(',')}${rest.slice(`${scheme}://node`.length)}`;
+  }
   const u = splitURL(url);
   let host = u.host.includes(':') ? `[${u.host}]` : u.host;
   if (u.port && !(u.scheme === 'http' && u.port === '80') && !(u.scheme === 'https' && u.port === '443')) host += ':' + u.port;
@@ -187,7 +209,7 @@ function canonicalURL(url) {
 
 function defaultFileName(url) {
   const canon = canonicalURL(url);
-  const segs = segments(splitURL(canon).path).slice(-2);
+  const segs = segments(canon.slice(canon.indexOf('/', canon.indexOf('://') + 3))).slice(-2);
   let label = 'stream';
   if (segs.length) {
     label = segs.map((b) => b.toString('utf8')).join('-').toLowerCase().replace(/[^a-z0-9_-]+/g, '_');

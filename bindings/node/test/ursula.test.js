@@ -150,7 +150,8 @@ console.log('other', db.prepare('SELECT count(*) FROM t').pluck().get());`);
 
 test('local file names match the Python binding (and so vfs.DefaultFileName)', () => {
   const urls = ['http://127.0.0.1:4437/demo/notes', 'HTTP://Example.COM:80/a/b/../c/', 'https://h:443/x%2fy/Z%20z',
-    'http://user:pw@h:8080/one', 'http://h/', 'http://h/-lead/%E2%9C%93ok', 'http://h/a/./b//c%7e'];
+    'http://user:pw@h:8080/one', 'http://h/', 'http://h/-lead/%E2%9C%93ok', 'http://h/a/./b//c%7e',
+    'http://n2:4437,N1:4437,n3:80/db/s', 'https://[::1]:4437,n1:443/db/s'];
   const py = spawnSync('/usr/bin/python3', ['-c',
     `import sys, json; sys.path.insert(0, ${JSON.stringify(path.join(REPO, 'bindings', 'python'))}); import sqlite_ursula as s; print(json.dumps([s.default_file_name(u) for u in json.loads(sys.argv[1])]))`,
     JSON.stringify(urls)], { encoding: 'utf8' });

@@ -230,7 +230,32 @@ def _escape(b):
     return "".join(chr(c) if c in _SAFE else "%%%02X" % c for c in b)
 
 
+_NODE_LIST = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://([^/?#]*,[^/?#]*)(.*)$", re.S)
+
+
+def _canonical_node(scheme, node):
+    m = re.match(r"^(?:\[([0-9A-Fa-f:.%]+)\]|([A-Za-z0-9._~%-]+))(?::([0-9]+))?$", node)
+    if not m or (m.group(3) is not None and not 1 <= int(m.group(3)) <= 65535):
+        raise SetupError("stream URL node %r is not host:port" % (node,), kind="invalid_url")
+    host = (m.group(1) or m.group(2)).lower()
+    if m.group(1):
+        host = "[" + host + "]"
+    port = m.group(3)
+    if port is not None and str(int(port)) != {"http": "80", "https": "443"}.get(scheme):
+        host += ":%d" % int(port)
+    return host
+
+
 def canonical_url(url):
+    """The one spelling of a stream URL that names its local file (the same bytes as the
+    Go vfs package). A URL naming several nodes of a cluster lists them sorted, so the same
+    nodes in another order name the same file."""
+    nodes = _NODE_LIST.match(url)
+    if nodes:
+        scheme = nodes.group(1).lower()
+        names = sorted(_canonical_node(scheme, n) for n in nodes.group(2).split(","))
+        rest = canonical_url(scheme + "://node" + nodes.group(3))
+        return scheme + "://" + ",".join(names) + rest[len(scheme) + len("://node"):]
     u = urllib.parse.urlsplit(url)
     scheme = u.scheme.lower()
     host = (u.hostname or "").lower()
@@ -244,7 +269,7 @@ def canonical_url(url):
 
 def default_file_name(url):
     canon = canonical_url(url)
-    segs = _segments(urllib.parse.urlsplit(canon).path)[-2:]
+    segs = _segments(canon[canon.index("/", canon.index("://") + 3):])[-2:]
     if not segs:
         label = "stream"
     else:

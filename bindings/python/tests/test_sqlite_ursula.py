@@ -163,6 +163,12 @@ class OpenTest(unittest.TestCase):
         self.assertEqual(su.default_file_name("http://u:p@h/x"), su.default_file_name("http://h/x"))
         self.assertTrue(su.default_file_name("http://h/").startswith("stream-"))
         self.assertTrue(su.default_file_name("http://h/-a").startswith("_a-"))
+        # A node list names one file whatever the order of its nodes (as vfs.DefaultFileName).
+        self.assertEqual(su.default_file_name("http://a:1,B:2,c:80/x/y"), "x-y-5649da43f433253136a7a9fa86fef73b.db")
+        self.assertEqual(su.default_file_name("http://c,b:2,A:1/x/y"), su.default_file_name("http://a:1,b:2,c/x/y"))
+        with self.assertRaises(su.SetupError) as cm:
+            su.default_file_name("http://a:1,,c:3/x/y")
+        self.assertEqual(cm.exception.kind, "invalid_url")
 
 
 class FailureTest(unittest.TestCase):
