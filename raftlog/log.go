@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -66,6 +67,9 @@ type Options struct {
 	SegmentBytes int64
 	// Logf receives recovery reports (what was cut and why). nil means log.Printf.
 	Logf func(format string, args ...any)
+	// Guard learns of ENOSPC, and tells when space is back to restore the reserve. nil:
+	// ENOSPC still leaves the journal usable, but nobody stops the writers.
+	Guard *DiskGuard
 }
 
 // ErrClosed is returned by every operation after Close.
@@ -149,7 +153,7 @@ type Log struct {
 	qcond   *sync.Cond
 	queue   []*request
 	closing bool
-	failed  error // sticky: a write or fsync error ends the journal
+	failed  error // sticky: a write or fsync error ends the journal (not ENOSPC)
 	done    chan struct{}
 
 	reap   chan []*segment // purged segments for the reaper, oldest first
@@ -162,6 +166,9 @@ type Log struct {
 	needPurge bool
 	unsynced  bool // bytes were written to the active segment since its last fsync
 	rolled    bool // a segment was sealed in this batch: try copyForward
+	wroteSome bool // a part of the current batch reached the file (no retry then)
+	reserved  bool // the reserve file is in place
+	reserveAt time.Time
 
 	stats struct {
 		writes, fsyncs, records, requests, purged, copied atomic.Uint64
@@ -242,9 +249,14 @@ func Open(dir string, opt Options) (*Log, error) {
 		l.closeFiles()
 		return nil, err
 	}
+	l.reserved = makeReserve(dir)
 	go l.flusher()
 	return l, nil
 }
+
+// isNoSpace reports a full disk: the journal stays usable (nothing of the failed batch
+// was applied), and writes are stopped upstream until space returns.
+func isNoSpace(err error) bool { return errors.Is(err, syscall.ENOSPC) }
 
 func segName(id uint64) string { return fmt.Sprintf("%020d.seg", id) }
 
@@ -606,7 +618,23 @@ func (l *Log) flusher() {
 		l.qmu.Unlock()
 
 		err := l.writeBatch(reqs)
-		if err != nil {
+		if isNoSpace(err) {
+			l.opt.Guard.NoSpace()
+			if !l.wroteSome && l.reserved && dropReserve(l.dir) {
+				// The reserve's room lets this batch (a vote, a term, a leader's
+				// entries) through; the guard keeps client writes out meanwhile.
+				l.reserved = false
+				l.logf("raftlog: disk full, released the %d byte reserve", reserveBytes)
+				err = l.writeBatch(reqs)
+			}
+		}
+		if err == nil && !l.reserved && time.Since(l.reserveAt) > time.Second {
+			l.reserveAt = time.Now()
+			if tok, _ := l.opt.Guard.WriteRefusal(); tok == "" {
+				l.reserved = makeReserve(l.dir)
+			}
+		}
+		if err != nil && !isNoSpace(err) {
 			l.qmu.Lock()
 			if l.failed == nil {
 				l.failed = err
@@ -631,6 +659,7 @@ func (l *Log) writeBatch(reqs []*request) error {
 	}
 	l.batch = l.batch[:0]
 	l.pending = l.pending[:0]
+	l.wroteSome = false
 	sync := false
 	for _, r := range reqs {
 		sync = sync || r.sync
@@ -804,8 +833,14 @@ func (l *Log) flushPending() error {
 	}
 	seg := l.active
 	if _, err := seg.f.WriteAt(l.batch, seg.size); err != nil {
+		// Cut what part of the batch got written, so the segment ends at its last
+		// whole frame and a later batch continues there; nothing of it was applied.
+		seg.f.Truncate(seg.size)
+		l.batch = l.batch[:0]
+		l.pending = l.pending[:0]
 		return fmt.Errorf("raftlog: write %s: %w", segName(seg.id), err)
 	}
+	l.wroteSome = true
 	l.unsynced = true
 	l.stats.writes.Add(1)
 	l.stats.records.Add(uint64(len(l.pending)))
@@ -837,6 +872,12 @@ func (l *Log) roll() error {
 	}
 	l.stats.fsyncs.Add(1)
 	if err := l.startSegment(old.id + 1); err != nil {
+		if isNoSpace(err) {
+			// Stay on the sealed segment (appending to it is safe, it was only synced)
+			// rather than on a half-written new one.
+			l.dropSegment(old.id + 1)
+			l.active = old
+		}
 		return err
 	}
 	// Everything written so far is synced: the old segment is sealed and
@@ -846,6 +887,18 @@ func (l *Log) roll() error {
 	l.rolled = true
 	l.needPurge = false
 	return l.purge()
+}
+
+// dropSegment removes a segment that failed to start.
+func (l *Log) dropSegment(id uint64) {
+	l.segMu.Lock()
+	seg := l.segs[id]
+	delete(l.segs, id)
+	l.segMu.Unlock()
+	if seg != nil {
+		seg.f.Close()
+	}
+	os.Remove(filepath.Join(l.dir, segName(id)))
 }
 
 // purge deletes the oldest segments that no group needs any more. Only a

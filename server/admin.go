@@ -71,6 +71,14 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte(`{"ready":false,"reason":"shutting down"}`))
 		return
 	}
+	if s.admit != nil {
+		if token, why := s.admit.WriteRefusal(); token != "" {
+			// Reads still work; writes do not, so a balancer should send writers elsewhere.
+			w.WriteHeader(http.StatusServiceUnavailable)
+			json.NewEncoder(w).Encode(map[string]any{"ready": false, "reason": token, "detail": why})
+			return
+		}
+	}
 	if ra, ok := s.engine.(engine.RaftAdmin); ok {
 		if ok, why := ra.Ready(); !ok {
 			w.WriteHeader(http.StatusServiceUnavailable)
@@ -95,6 +103,9 @@ func (s *Server) handleRaftAdmin(w http.ResponseWriter, r *http.Request, path st
 	}
 	if r.Method != want {
 		s.methodNotAllowed(w, r, want)
+		return
+	}
+	if want == http.MethodPost && !s.explicitAdmin(w, r) {
 		return
 	}
 	drainBody(r)
@@ -243,6 +254,9 @@ func (s *Server) handleFlushCold(w http.ResponseWriter, r *http.Request, raw str
 		s.methodNotAllowed(w, r, "POST")
 		return
 	}
+	if !s.explicitAdmin(w, r) {
+		return
+	}
 	segs, e := splitPath(strings.TrimPrefix(raw, "/__ursula/flush-cold"))
 	if e == nil && len(segs) != 2 {
 		e = streamcore.Errorf(http.StatusNotFound, streamcore.CodeNotFound, "use /__ursula/flush-cold/{bucket}/{stream}")
@@ -271,6 +285,12 @@ func (s *Server) handleFlushCold(w http.ResponseWriter, r *http.Request, raw str
 	})
 	if !found {
 		s.writeError(w, r, streamcore.Errorf(http.StatusNotFound, streamcore.CodeStreamNotFound, "stream does not exist"))
+		return
+	}
+	if ok, wait := s.flushes.allow(key, time.Now()); !ok {
+		secs := int((wait + time.Second - 1) / time.Second)
+		s.writeError(w, r, streamcore.Errorf(http.StatusTooManyRequests, CodeFlushRateLimited, "this stream was flushed less than %v ago", flushInterval).
+			With(streamcore.HdrRetryAfter, strconv.Itoa(secs)))
 		return
 	}
 	if err := s.cold.FlushStream(key); err != nil {

@@ -127,6 +127,9 @@ func coldDo(t testing.TB, method, url string, body []byte, hdr ...string) (*http
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Add(hdr[i], hdr[i+1])
 	}
+	if strings.Contains(url, "/__ursula/") {
+		req.Header.Set(HdrAdmin, "1") // admin mutations must be explicit
+	}
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

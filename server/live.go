@@ -3,6 +3,7 @@ package server
 // Live reads: long-poll and SSE, and the cursors that keep caches from collapsing them.
 
 import (
+	"errors"
 	"net/http"
 	"runtime"
 	"strconv"
@@ -33,7 +34,23 @@ func (s *Server) liveSlot(w http.ResponseWriter, r *http.Request) bool {
 		s.writeError(w, r, e)
 		return false
 	}
+	// Live answers wait as long as the client asked: no whole-response write deadline
+	// (SSE bounds each write instead, see sseWrite).
+	http.NewResponseController(w).SetWriteDeadline(time.Time{})
 	return true
+}
+
+// sseWrite writes and flushes one piece of an event stream within LiveWriteTimeout, so a
+// reader that stopped reading is dropped once its socket buffers stay full that long.
+func (s *Server) sseWrite(rc *http.ResponseController, w http.ResponseWriter, b []byte) error {
+	rc.SetWriteDeadline(time.Now().Add(s.cfg.Limits.LiveWriteTimeout))
+	if _, err := w.Write(b); err != nil {
+		return err
+	}
+	if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return err
+	}
+	return nil
 }
 
 func (s *Server) longPoll(w http.ResponseWriter, r *http.Request, t *target, rq *readQuery, inc uint64) {
@@ -140,7 +157,9 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, t *target, rq 
 		h.Set(streamcore.HdrSSEEncoding, "base64")
 	}
 	w.WriteHeader(http.StatusOK)
-	flusher, _ := w.(http.Flusher)
+	rc := http.NewResponseController(w)
+	keepAlive := time.NewTicker(s.cfg.Limits.SSEKeepAlive)
+	defer keepAlive.Stop()
 	firstInc := v.inc
 	off := streamcore.ReadOffset{Pos: v.start}
 	var buf []byte
@@ -159,7 +178,7 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, t *target, rq 
 		}
 		if e != nil {
 			buf = streamcore.AppendSSEError(buf[:0], e)
-			w.Write(buf)
+			s.sseWrite(rc, w, buf)
 			return
 		}
 		if !b64 && !v.jsonArray {
@@ -173,13 +192,10 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, t *target, rq 
 			buf = buf[:0]
 			buf = streamcore.AppendSSEData(buf, payload, b64)
 			buf = streamcore.AppendSSEControl(buf, s.control(v, rq))
-			_, err := w.Write(buf)
+			err := s.sseWrite(rc, w, buf)
 			runtime.KeepAlive(v)
 			if err != nil {
 				return
-			}
-			if flusher != nil {
-				flusher.Flush()
 			}
 			s.metrics.readBytes.Add(v.end - v.start)
 			off = streamcore.ReadOffset{Pos: v.end}
@@ -191,17 +207,24 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, t *target, rq 
 		}
 		if v.closed || !sentInitial {
 			buf = streamcore.AppendSSEControl(buf[:0], s.control(v, rq))
-			w.Write(buf)
-			if flusher != nil {
-				flusher.Flush()
+			if s.sseWrite(rc, w, buf) != nil {
+				return
 			}
 			sentInitial = true
 			if v.closed {
 				return
 			}
 		}
+	wait:
 		select {
 		case <-ch:
+		case <-keepAlive.C:
+			// A comment line: clients ignore it; a reader that is gone or stopped reading
+			// shows up as a failed write.
+			if s.sseWrite(rc, w, []byte(":\n\n")) != nil {
+				return
+			}
+			goto wait
 		case <-idle:
 			return
 		case <-r.Context().Done():

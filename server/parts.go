@@ -96,7 +96,7 @@ func (s *Server) handleStagePart(w http.ResponseWriter, r *http.Request, t *targ
 	}
 	stored := int64(-1)
 	defer func() { s.cold.PartDone(t.key, reserve, stored) }()
-	body, e := readBody(w, r)
+	body, e := s.readBody(w, r)
 	if e != nil {
 		s.writeError(w, r, e)
 		return

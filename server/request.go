@@ -3,8 +3,6 @@ package server
 import (
 	"crypto/rand"
 	"encoding/binary"
-	"errors"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -26,43 +24,6 @@ func tooLarge(contentLength bool) *streamcore.Error {
 		e.With(streamcore.HdrNotApplied, "RequestBodyTooLarge")
 	}
 	return e
-}
-
-// readBody reads the request body under the 32 MiB limit.
-func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *streamcore.Error) {
-	if r.ContentLength > streamcore.MaxRequestBytes {
-		return nil, tooLarge(true)
-	}
-	if r.ContentLength == 0 {
-		return nil, nil
-	}
-	lr := http.MaxBytesReader(w, r.Body, streamcore.MaxRequestBytes)
-	var buf []byte
-	var err error
-	if r.ContentLength > 0 {
-		// Known length: one allocation of exactly that size.
-		buf = make([]byte, r.ContentLength)
-		if _, err = io.ReadFull(lr, buf); err == nil {
-			var one [1]byte
-			if n, _ := lr.Read(one[:]); n > 0 {
-				err = errors.New("body longer than Content-Length")
-			}
-		}
-	} else {
-		buf, err = io.ReadAll(lr)
-	}
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, tooLarge(false)
-		}
-		return nil, streamcore.Errorf(http.StatusBadRequest, streamcore.CodeBodyUnreadable, "request body could not be read")
-	}
-	return buf, nil
-}
-
-func drainBody(r *http.Request) {
-	io.Copy(io.Discard, io.LimitReader(r.Body, streamcore.MaxRequestBytes))
 }
 
 // single returns the one value of header name, refusing repeats.

@@ -14,6 +14,11 @@ import (
 func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	raw := r.URL.EscapedPath()
 	if r.Method == http.MethodOptions {
+		if isAdminPath(r.URL.Path) {
+			// No preflight grant: browsers then never send a cross-site admin mutation.
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
 		s.preflight(w, r)
 		return
 	}

@@ -28,6 +28,7 @@ type Config struct {
 	MaxLiveReaders int           // long-poll + SSE readers per node (503 above it)
 	SSEMaxIdle     time.Duration // close idle SSE connections after this (0 = never)
 	Logger         *slog.Logger
+	Limits         Limits // request pacing and memory bounds; zero fields take defaults
 }
 
 // Server answers the protocol over HTTP on top of an Engine.
@@ -39,6 +40,9 @@ type Server struct {
 	ready   atomic.Bool
 	clock   func() time.Time
 	cold    *coldtier.Tier // nil without a cold store (EnableCold): every byte is hot
+	bodies  *bodyBudget
+	flushes flushLimiter
+	admit   Admission // nil: writes are never refused for node pressure
 }
 
 // New returns a server over eng.
@@ -52,7 +56,8 @@ func New(eng engine.Engine, cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Server{cfg: cfg, engine: eng, clock: time.Now}
+	cfg.Limits = cfg.Limits.withDefaults()
+	s := &Server{cfg: cfg, engine: eng, clock: time.Now, bodies: newBodyBudget(cfg.Limits.InflightBodyBytes)}
 	s.metrics.init()
 	s.ready.Store(true)
 	return s
@@ -97,8 +102,10 @@ type target struct {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rw := &statusWriter{ResponseWriter: w}
-	s.commonHeaders(rw.Header())
+	s.commonHeaders(rw.Header(), r)
+	s.paceRequest(rw, r, start)
 	defer func() {
+		s.bodies.give(rw.bodyCharge)
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler {
 				panic(v)
@@ -113,12 +120,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.route(rw, r)
 }
 
-func (s *Server) commonHeaders(h http.Header) {
+func (s *Server) commonHeaders(h http.Header, r *http.Request) {
 	h["Ursula-Protocol"] = []string{streamcore.ProtocolVersion}
 	h["Ursula-Cluster-Id"] = []string{s.cfg.ClusterID}
 	h["Cache-Control"] = []string{"no-store"}
-	h["Access-Control-Allow-Origin"] = []string{"*"}
-	h["Access-Control-Expose-Headers"] = []string{"*"}
+	if !isAdminPath(r.URL.Path) {
+		// Admin routes get no CORS grant: a web page must not drive the node's operations.
+		h["Access-Control-Allow-Origin"] = []string{"*"}
+		h["Access-Control-Expose-Headers"] = []string{"*"}
+	}
 	h["X-Content-Type-Options"] = []string{"nosniff"}
 	h["Cross-Origin-Resource-Policy"] = []string{"cross-origin"}
 }
@@ -149,8 +159,9 @@ func absoluteURL(r *http.Request, path string) string {
 
 type statusWriter struct {
 	http.ResponseWriter
-	status int
-	wrote  bool
+	status     int
+	wrote      bool
+	bodyCharge int64 // request body bytes charged to the node's budget until the request ends
 }
 
 func (w *statusWriter) WriteHeader(code int) {

@@ -44,7 +44,7 @@ func (s *Server) handlePublishSnapshot(w http.ResponseWriter, r *http.Request, t
 		s.handleCommitParts(w, r, t, off, inc, ct)
 		return
 	}
-	body, e := readBody(w, r)
+	body, e := s.readBody(w, r)
 	if e != nil {
 		s.writeError(w, r, e)
 		return

@@ -13,7 +13,7 @@ import (
 )
 
 func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, t *target) {
-	body, e := readBody(w, r)
+	body, e := s.readBody(w, r)
 	if e != nil {
 		s.writeError(w, r, e)
 		return
@@ -151,7 +151,7 @@ func (s *Server) handleAppend(w http.ResponseWriter, r *http.Request, t *target)
 	if !s.writeHere(w, r, t.key) {
 		return
 	}
-	body, e := readBody(w, r)
+	body, e := s.readBody(w, r)
 	if e != nil {
 		s.writeError(w, r, e)
 		return

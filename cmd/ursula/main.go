@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -162,6 +161,7 @@ type fileConfig struct {
 		} `toml:"peers"`
 	} `toml:"raft"`
 	Storage storageConfig `toml:"storage"` // [storage.cold], cold.go
+	Limits  limitsConfig  `toml:"limits"`  // limits.go
 }
 
 func runServer(args []string, stderr io.Writer) error {
@@ -232,6 +232,10 @@ func runServer(args []string, stderr io.Writer) error {
 		}
 		clusterID = id
 	}
+	lim, err := resolveLimits(&fc.Limits)
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", addr, err)
@@ -241,7 +245,7 @@ func runServer(args []string, stderr io.Writer) error {
 	if engineName == "memory" {
 		eng = engine.NewMemory(10 * time.Second)
 	} else {
-		re, closeLog, err := openRaft(&fc, dataDir, "http://"+ln.Addr().String(), stderr, logger)
+		re, closeLog, err := openRaft(&fc, dataDir, "http://"+ln.Addr().String(), stderr, logger, &lim)
 		if err != nil {
 			ln.Close()
 			return err
@@ -261,7 +265,10 @@ func runServer(args []string, stderr io.Writer) error {
 		}
 	}
 	defer eng.Close()
-	srv := server.New(eng, server.Config{ClusterID: clusterID, Logger: logger})
+	srv := server.New(eng, server.Config{ClusterID: clusterID, Logger: logger, MaxLiveReaders: lim.maxLive, Limits: lim.server})
+	if lim.guard != nil {
+		srv.SetAdmission(lim.guard)
+	}
 	if err := enableCold(srv, &fc.Storage, dataDir, engineName, len(fc.Raft.Peers), logger); err != nil {
 		ln.Close()
 		return err
@@ -271,15 +278,16 @@ func runServer(args []string, stderr io.Writer) error {
 	// instead of waiting for their timeouts.
 	baseCtx, cancelBase := context.WithCancel(context.Background())
 	defer cancelBase()
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10,
-		BaseContext: func(net.Listener) context.Context { return baseCtx }}
+	hs, cln := lim.httpServer(srv, ln)
+	hs.BaseContext = func(net.Listener) context.Context { return baseCtx }
 	hs.RegisterOnShutdown(cancelBase)
-	logger.Info("ursula listening", "addr", ln.Addr().String(), "engine", engineName, "cluster_id", clusterID, "data", dataDir)
+	logger.Info("ursula listening", "addr", ln.Addr().String(), "engine", engineName, "cluster_id", clusterID, "data", dataDir,
+		"max_connections", lim.maxConns, "max_live_readers", lim.maxLive, "nofile", lim.nofile)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
+	go func() { errc <- hs.Serve(cln) }()
 	select {
 	case err := <-errc:
 		return err
@@ -305,7 +313,7 @@ func runServer(args []string, stderr io.Writer) error {
 }
 
 // openRaft opens the node log and the raft engine as configured.
-func openRaft(fc *fileConfig, dataDir, selfURL string, stderr io.Writer, logger *slog.Logger) (*raftengine.Engine, func(), error) {
+func openRaft(fc *fileConfig, dataDir, selfURL string, stderr io.Writer, logger *slog.Logger, lim *resolvedLimits) (*raftengine.Engine, func(), error) {
 	rc := &fc.Raft
 	if rc.NodeID == 0 {
 		if len(rc.Peers) > 0 {
@@ -341,7 +349,12 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, stderr io.Writer, logger 
 	if err := os.MkdirAll(walDir, 0o755); err != nil {
 		return nil, nil, fmt.Errorf("raft.wal.path: %w", err)
 	}
-	nl, err := raftlog.Open(walDir, raftlog.Options{Fsync: fsync, SegmentBytes: rc.WAL.SegmentSize,
+	guard, err := raftlog.NewDiskGuard(walDir, lim.walMinFree, lim.walResumeFree)
+	if err != nil {
+		return nil, nil, fmt.Errorf("limits: %w", err)
+	}
+	lim.guard = guard
+	nl, err := raftlog.Open(walDir, raftlog.Options{Fsync: fsync, SegmentBytes: rc.WAL.SegmentSize, Guard: guard,
 		Logf: func(f string, a ...any) { logger.Warn(fmt.Sprintf(f, a...), "component", "nodelog") }})
 	if err != nil {
 		return nil, nil, fmt.Errorf("node log %s: %w", walDir, err)

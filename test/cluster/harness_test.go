@@ -242,6 +242,9 @@ func httpDo(method, url string, body []byte, hdr map[string]string) (*http.Respo
 	for k, v := range hdr {
 		req.Header.Set(k, v)
 	}
+	if strings.Contains(url, "/__ursula/") {
+		req.Header.Set("X-Ursula-Admin", "1") // admin mutations must be explicit
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	req = req.WithContext(ctx)

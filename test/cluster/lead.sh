@@ -19,7 +19,7 @@ for g in s["groups"]:
     [ "$leading" = "$count" ] && exit 0
   fi
   while read -r url g; do
-    [ -n "$url" ] && curl -fsS -X POST "$url/__ursula/raft/transfer?group=$g&to=$id" >/dev/null 2>&1 || true
+    [ -n "$url" ] && curl -fsS -X POST -H "X-Ursula-Admin: 1" "$url/__ursula/raft/transfer?group=$g&to=$id" >/dev/null 2>&1 || true
   done <<<"$moves"
   sleep 0.2
 done

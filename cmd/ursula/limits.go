@@ -1,0 +1,130 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"syscall"
+	"time"
+
+	"github.com/ursula-go/ursula/raftlog"
+	"github.com/ursula-go/ursula/server"
+)
+
+// limitsConfig is the [limits] section: what clients can make the node hold.
+type limitsConfig struct {
+	MaxConnections    int    `toml:"max_connections"`     // 0: from the descriptor limit
+	MaxLiveReaders    int    `toml:"max_live_readers"`    // 0: 3/4 of max_connections
+	IdleTimeout       string `toml:"idle_timeout"`        // keep-alive connection idle limit
+	ReadHeaderTimeout string `toml:"read_header_timeout"` // time to send the request headers
+	BodyIdleTimeout   string `toml:"body_idle_timeout"`   // longest gap within a request body
+	BodyMinRate       int64  `toml:"body_min_rate"`       // bytes/s a body must average (-1: off)
+	WriteTimeout      string `toml:"write_timeout"`       // sending a non-live response
+	LiveWriteTimeout  string `toml:"live_write_timeout"`  // each write of an SSE stream
+	SSEKeepAlive      string `toml:"sse_keepalive"`       // comment interval on a quiet SSE stream
+	InflightBodySize  int64  `toml:"inflight_body_size"`  // node-wide request body bytes in flight
+	MinFreeWALBytes   int64  `toml:"wal_min_free_bytes"`  // refuse writes below (-1: off)
+	ResumeFreeWALByte int64  `toml:"wal_resume_free_bytes"`
+}
+
+// Defaults of [limits] that are not the server package's.
+const (
+	defaultIdleTimeout       = 60 * time.Second
+	defaultReadHeaderTimeout = 10 * time.Second
+	defaultMaxConnections    = 16384
+	// descriptorReserve keeps descriptors for what is not a client connection: the node
+	// journal's segments, cold-tier files, peer connections, SQLite files.
+	descriptorReserve = 1024
+)
+
+// resolvedLimits is [limits] with every default applied.
+type resolvedLimits struct {
+	maxConns, maxLive         int
+	idle, readHeader          time.Duration
+	server                    server.Limits
+	walMinFree, walResumeFree int64
+	nofile                    uint64
+	guard                     *raftlog.DiskGuard // raft engine: the journal disk's admission
+}
+
+func parseDur(name, v string, def time.Duration) (time.Duration, error) {
+	if v == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("limits.%s: %q is not a positive duration such as \"30s\"", name, v)
+	}
+	return d, nil
+}
+
+// raiseNoFile raises the soft descriptor limit to the hard one and returns it.
+func raiseNoFile() uint64 {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		return 0
+	}
+	if rl.Cur < rl.Max {
+		want := rl
+		want.Cur = rl.Max
+		if syscall.Setrlimit(syscall.RLIMIT_NOFILE, &want) == nil {
+			rl = want
+		}
+	}
+	return rl.Cur
+}
+
+func resolveLimits(lc *limitsConfig) (resolvedLimits, error) {
+	var r resolvedLimits
+	var err error
+	if r.idle, err = parseDur("idle_timeout", lc.IdleTimeout, defaultIdleTimeout); err != nil {
+		return r, err
+	}
+	if r.readHeader, err = parseDur("read_header_timeout", lc.ReadHeaderTimeout, defaultReadHeaderTimeout); err != nil {
+		return r, err
+	}
+	sl := server.Limits{InflightBodyBytes: lc.InflightBodySize, BodyMinRate: lc.BodyMinRate}
+	if sl.BodyIdleTimeout, err = parseDur("body_idle_timeout", lc.BodyIdleTimeout, server.DefaultBodyIdleTimeout); err != nil {
+		return r, err
+	}
+	if sl.WriteTimeout, err = parseDur("write_timeout", lc.WriteTimeout, server.DefaultWriteTimeout); err != nil {
+		return r, err
+	}
+	if sl.LiveWriteTimeout, err = parseDur("live_write_timeout", lc.LiveWriteTimeout, server.DefaultLiveWriteTimeout); err != nil {
+		return r, err
+	}
+	if sl.SSEKeepAlive, err = parseDur("sse_keepalive", lc.SSEKeepAlive, server.DefaultSSEKeepAlive); err != nil {
+		return r, err
+	}
+	r.server = sl
+	r.nofile = raiseNoFile()
+	r.maxConns = lc.MaxConnections
+	if r.maxConns <= 0 {
+		r.maxConns = defaultMaxConnections
+		if r.nofile > 0 {
+			if room := int64(r.nofile) - descriptorReserve; room < int64(r.maxConns) {
+				r.maxConns = int(max(room, 64))
+			}
+		}
+	}
+	if r.nofile > 0 && uint64(r.maxConns) >= r.nofile {
+		return r, fmt.Errorf("limits.max_connections %d must be below the descriptor limit %d", r.maxConns, r.nofile)
+	}
+	r.maxLive = lc.MaxLiveReaders
+	if r.maxLive <= 0 {
+		r.maxLive = r.maxConns * 3 / 4
+	}
+	if r.maxLive >= r.maxConns {
+		// Past the connection cap a reader gets the listener's 503, never the live-read
+		// one: keep room for writers and ordinary reads next to the live readers.
+		return r, fmt.Errorf("limits.max_live_readers %d must be below limits.max_connections %d", r.maxLive, r.maxConns)
+	}
+	r.walMinFree, r.walResumeFree = lc.MinFreeWALBytes, lc.ResumeFreeWALByte
+	return r, nil
+}
+
+// httpServer builds the client listener's server with the connection limits.
+func (r resolvedLimits) httpServer(h http.Handler, ln net.Listener) (*http.Server, net.Listener) {
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: r.readHeader, IdleTimeout: r.idle, MaxHeaderBytes: 64 << 10}
+	return hs, server.LimitConnections(ln, r.maxConns)
+}

@@ -1,0 +1,113 @@
+package server
+
+// Node limits: how long a client may take to send and to receive, how many body bytes the
+// node holds for clients, and whether the node takes writes at all (disk pressure).
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/ursula-go/ursula/streamcore"
+)
+
+// Limits bound what one client, and all clients together, can make the node hold.
+type Limits struct {
+	// InflightBodyBytes is the node-wide budget of request body bytes being read or held
+	// by handlers. A body that does not fit is refused with 503 IngressBodyBytesLimitReached.
+	InflightBodyBytes int64
+	// BodyIdleTimeout is the longest gap allowed between two reads of a request body, and
+	// the grace period before BodyMinRate applies. A slower body gets 408 BODY_TOO_SLOW.
+	BodyIdleTimeout time.Duration
+	// BodyMinRate is the average pace, in bytes a second, a body must keep after the
+	// first BodyIdleTimeout (0 = only the gap is checked).
+	BodyMinRate int64
+	// WriteTimeout bounds the sending of a whole non-live response (after its request
+	// body arrived). Long-poll and SSE are exempt; each SSE write gets LiveWriteTimeout.
+	WriteTimeout time.Duration
+	// LiveWriteTimeout bounds each write of an SSE stream: a reader that stops reading is
+	// disconnected once its socket buffers are full for this long.
+	LiveWriteTimeout time.Duration
+	// SSEKeepAlive is the interval of SSE comment lines on a quiet stream, so proxies and
+	// clients see the connection alive and a vanished reader is noticed.
+	SSEKeepAlive time.Duration
+}
+
+// Default limits (documented in README.md, "Limits").
+const (
+	DefaultInflightBodyBytes = 256 << 20
+	DefaultBodyIdleTimeout   = 10 * time.Second
+	DefaultBodyMinRate       = 4 << 10
+	DefaultWriteTimeout      = 60 * time.Second
+	DefaultLiveWriteTimeout  = 30 * time.Second
+	DefaultSSEKeepAlive      = 15 * time.Second
+)
+
+func (l Limits) withDefaults() Limits {
+	if l.InflightBodyBytes <= 0 {
+		l.InflightBodyBytes = DefaultInflightBodyBytes
+	}
+	if l.BodyIdleTimeout <= 0 {
+		l.BodyIdleTimeout = DefaultBodyIdleTimeout
+	}
+	if l.BodyMinRate == 0 {
+		l.BodyMinRate = DefaultBodyMinRate
+	}
+	if l.BodyMinRate < 0 {
+		l.BodyMinRate = 0
+	}
+	if l.WriteTimeout <= 0 {
+		l.WriteTimeout = DefaultWriteTimeout
+	}
+	if l.LiveWriteTimeout <= 0 {
+		l.LiveWriteTimeout = DefaultLiveWriteTimeout
+	}
+	if l.SSEKeepAlive <= 0 {
+		l.SSEKeepAlive = DefaultSSEKeepAlive
+	}
+	return l
+}
+
+// paceRequest sets the response's write deadline and paces the request body. The write
+// deadline restarts once the body has arrived, so a slow upload does not eat it.
+func (s *Server) paceRequest(w http.ResponseWriter, r *http.Request, start time.Time) {
+	rc := http.NewResponseController(w)
+	wt := s.cfg.Limits.WriteTimeout
+	rc.SetWriteDeadline(start.Add(wt)) // ErrNotSupported off a real connection: nothing to bound
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+		return
+	}
+	r.Body = &pacedBody{
+		body: r.Body, rc: rc, start: start,
+		idle: s.cfg.Limits.BodyIdleTimeout, minRate: s.cfg.Limits.BodyMinRate,
+		onEOF: func() { rc.SetWriteDeadline(time.Now().Add(wt)) },
+	}
+}
+
+// Admission says whether the node takes writes now. WriteRefusal returns "" when it does,
+// or the refusal's token (such as "WalDiskPressure") and why.
+type Admission interface {
+	WriteRefusal() (token, reason string)
+}
+
+// CodeWalDiskPressure refuses a write while the node journal's disk is (nearly) full.
+const CodeWalDiskPressure = "WAL_DISK_PRESSURE"
+
+// SetAdmission installs the node's write admission (before serving).
+func (s *Server) SetAdmission(a Admission) { s.admit = a }
+
+// admitWrite refuses a write before its body is read while the node is under pressure.
+func (s *Server) admitWrite() *streamcore.Error {
+	if s.admit == nil {
+		return nil
+	}
+	token, why := s.admit.WriteRefusal()
+	if token == "" {
+		return nil
+	}
+	code := CodeWalDiskPressure
+	if token != "WalDiskPressure" {
+		code = "WRITE_ADMISSION"
+	}
+	return streamcore.Errorf(http.StatusServiceUnavailable, code, "the node takes no writes now: %s", why).
+		With(streamcore.HdrRetryAfter, "1").With(streamcore.HdrNotApplied, token)
+}
