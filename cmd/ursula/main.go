@@ -33,11 +33,13 @@ retention, idempotent producers and live reads), the home of replicated SQLite d
 Usage:
   ursula server [--listen ADDR] [--data DIR] [--config FILE] [--engine raft|memory] [--node-id N]
   ursula export <stream-url> <out.db> [--at OFFSET]
+  ursula ctl [--node ADMIN_URL] [--json] status|wait-ready|drain|undrain|transfer|members ...
   ursula help
 
 Commands:
   server   Run the stream server until SIGINT or SIGTERM (graceful: in-flight requests finish).
   export   Write a plain SQLite file of a replicated database, at the tail or at an offset.
+  ctl      Operate a node through its admin listener (ursula ctl help).
 
 Server flags (flags override the config file):
   --listen ADDR    address to listen on (config server.listen; default 127.0.0.1:4437)
@@ -66,6 +68,10 @@ Server flags (flags override the config file):
   --engine NAME    "raft" (default): persistent, replicated when peers are configured; with
                    no peers a single voter. "memory": streams live in process memory only.
   --node-id N      overrides raft.node_id, so one config file can serve every node
+  --admin-listen A admin listener (config server.admin_listen; default 127.0.0.1 and the
+                   client listener's port + 1, so 127.0.0.1:4438 by default; "off" disables)
+  --join URL       start a new node for a running cluster (any member's client URL); it
+                   waits until an operator adds it: ursula ctl members add ID URL
   --cpuprofile F   write a Go CPU profile to F until shutdown (for performance work)
 
 With no config, ursula server runs one persistent node (Raft, a single voter) under
@@ -83,9 +89,11 @@ Try it:
   curl 'http://127.0.0.1:4437/demo/hello?offset=-1'
 
 Endpoints: streams at /{bucket}/{stream}, the reference-server family at /v1/stream/{path},
-readiness at /__ursula/ready, metrics at /__ursula/metrics (JSON) and /metrics (Prometheus),
-Raft: GET /__ursula/raft/status, POST /__ursula/raft/transfer?group=N[&to=ID],
-POST /__ursula/raft/drain.
+readiness at /__ursula/ready, metrics at /__ursula/metrics (JSON) and /metrics (Prometheus).
+The admin listener serves those too, plus every operation (docs/cluster.md):
+GET /__ursula/raft/status, POST /__ursula/raft/transfer?group=N[&to=ID], POST /__ursula/raft/drain,
+POST|DELETE /__ursula/leadership-shed/maintenance, GET /__ursula/members, membership changes,
+GET /__ursula/recovery, POST /__ursula/flush-cold/{bucket}/{stream}.
 `
 
 func main() {
@@ -107,6 +115,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		return 0
+	case "ctl":
+		return runCtl(args[1:], stdout, stderr)
 	case "server":
 		if err := runServer(args[1:], stderr); err != nil {
 			fmt.Fprintf(stderr, "ursula server: %v\n", err)
@@ -128,6 +138,8 @@ type fileConfig struct {
 		// ClusterListen is the address the cluster listener binds (default: this node's
 		// raft_addr in raft.peers; differs when peers reach it through a proxy or NAT).
 		ClusterListen string `toml:"cluster_listen"`
+		// AdminListen is the admin listener (lifecycle.go).
+		AdminListen string `toml:"admin_listen"`
 	} `toml:"server"`
 	Raft struct {
 		NodeID                 uint64 `toml:"node_id"`
@@ -161,6 +173,8 @@ func runServer(args []string, stderr io.Writer) error {
 	engineFlag := fs.String("engine", "", "storage engine")
 	nodeID := fs.Uint64("node-id", 0, "raft node id (overrides raft.node_id)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile to this file until shutdown")
+	adminListen := fs.String("admin-listen", "", "admin listener address")
+	join := fs.String("join", "", "client URL of a member of the cluster to join")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -212,6 +226,10 @@ func runServer(args []string, stderr io.Writer) error {
 	if clusterID != "" && !validClusterID(clusterID) {
 		return fmt.Errorf("config server.cluster_id %q: use 1 to 64 characters of A-Z a-z 0-9 . _ -", clusterID)
 	}
+	joining, err := prepareJoin(*join, dataDir, &fc, clusterID)
+	if err != nil {
+		return err
+	}
 	if clusterID == "" {
 		id, err := loadClusterID(dataDir)
 		if err != nil {
@@ -228,14 +246,14 @@ func runServer(args []string, stderr io.Writer) error {
 	if engineName == "memory" {
 		eng = engine.NewMemory(10 * time.Second)
 	} else {
-		re, closeLog, err := openRaft(&fc, dataDir, "http://"+ln.Addr().String(), stderr, logger)
+		re, closeLog, err := openRaft(&fc, dataDir, "http://"+ln.Addr().String(), joining, stderr, logger)
 		if err != nil {
 			ln.Close()
 			return err
 		}
 		defer closeLog()
 		eng = re
-		if len(fc.Raft.Peers) > 1 {
+		if len(fc.Raft.Peers) > 1 || joining {
 			drain = func() { re.Drain() }
 		} else {
 			// A single voter elects itself at once: serve when it has (bounded), so the
@@ -261,6 +279,12 @@ func runServer(args []string, stderr io.Writer) error {
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10,
 		BaseContext: func(net.Listener) context.Context { return baseCtx }}
 	hs.RegisterOnShutdown(cancelBase)
+	adminSrv, err := serveAdmin(pickStr(*adminListen, fc.Server.AdminListen), addr, srv, logger)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	defer adminSrv.Close()
 	logger.Info("ursula listening", "addr", ln.Addr().String(), "engine", engineName, "cluster_id", clusterID, "data", dataDir)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -292,7 +316,7 @@ func runServer(args []string, stderr io.Writer) error {
 }
 
 // openRaft opens the node log and the raft engine as configured.
-func openRaft(fc *fileConfig, dataDir, selfURL string, stderr io.Writer, logger *slog.Logger) (*raftengine.Engine, func(), error) {
+func openRaft(fc *fileConfig, dataDir, selfURL string, joining bool, stderr io.Writer, logger *slog.Logger) (*raftengine.Engine, func(), error) {
 	rc := &fc.Raft
 	if rc.NodeID == 0 {
 		if len(rc.Peers) > 0 {
@@ -319,6 +343,13 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, stderr io.Writer, logger 
 	}
 	if len(peers) == 0 {
 		peers = []raftengine.Peer{{ID: rc.NodeID, URL: selfURL}}
+		if joining {
+			if fc.Server.ClusterListen == "" {
+				return nil, nil, errors.New("a joining node needs server.cluster_listen (the address the cluster reaches it at)")
+			}
+			peers[0].RaftAddr = fc.Server.ClusterListen
+			self = 0
+		}
 	}
 	fsync, err := raftlog.ParseFsyncMode(pickStr(rc.WAL.Fsync, "never"))
 	if err != nil {
@@ -347,6 +378,7 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, stderr io.Writer, logger 
 			return c, s, nil
 		},
 		InitMembership:    true,
+		Join:              joining,
 		HeartbeatTimeout:  time.Duration(rc.HeartbeatTimeoutMs) * time.Millisecond,
 		SnapshotThreshold: rc.SnapshotThreshold, TrailingLogs: rc.TrailingLogs,
 		Logger: logger, RaftLog: stderr,
@@ -356,7 +388,7 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, stderr io.Writer, logger 
 			cfg.InitMembership = *v
 		}
 	}
-	if len(peers) > 1 {
+	if len(peers) > 1 || joining {
 		bind := pickStr(fc.Server.ClusterListen, peers[self].RaftAddr)
 		ln, err := net.Listen("tcp", bind)
 		if err != nil {
@@ -371,7 +403,15 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, stderr io.Writer, logger 
 		return nil, nil, err
 	}
 	logger.Info("raft engine", "node_id", rc.NodeID, "groups", e.GroupCount(), "voters", len(peers), "wal", walDir, "fsync", fsync.String())
-	return e, func() { e.Close(); nl.Close() }, nil
+	return e, func() {
+		e.Close()
+		// The clean-stop record vouches that the journal is synced: write it only then.
+		if err := nl.Close(); err == nil {
+			if err := e.RecordCleanShutdown(); err != nil {
+				logger.Warn("could not record the clean stop", "err", err)
+			}
+		}
+	}, nil
 }
 
 func pickStr(v, def string) string {

@@ -1,0 +1,3 @@
+package main
+import "io"
+func runCtl(args []string, stdout, stderr io.Writer) int { return 2 }
