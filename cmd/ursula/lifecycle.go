@@ -145,3 +145,12 @@ func askMember(url string) (string, int, error) {
 	}
 	return m.ClusterID, m.Raft.GroupCount, nil
 }
+
+// clusterSize is the voter count the cold tier's defaults see: a joining node belongs to
+// a cluster although it lists no peers.
+func clusterSize(peers int, joining bool) int {
+	if joining {
+		return max(peers, 2)
+	}
+	return peers
+}

@@ -267,7 +267,7 @@ func runServer(args []string, stderr io.Writer) error {
 	}
 	defer eng.Close()
 	srv := server.New(eng, server.Config{ClusterID: clusterID, Logger: logger})
-	if err := enableCold(srv, &fc.Storage, dataDir, engineName, len(fc.Raft.Peers), logger); err != nil {
+	if err := enableCold(srv, &fc.Storage, dataDir, engineName, clusterSize(len(fc.Raft.Peers), joining), logger); err != nil {
 		ln.Close()
 		return err
 	}

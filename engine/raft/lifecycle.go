@@ -399,6 +399,10 @@ func (e *Engine) ChangeMember(ctx context.Context, group uint64, c engine.Member
 	p = append(p, c.URL...)
 	p = append(p, c.RaftAddr...)
 	_, err := e.ask(ctx, leader, peerMember, p)
+	if err != nil && !strings.HasPrefix(err.Error(), "refused:") {
+		// The leader this node knows is unreachable (it may have died): retry later.
+		return fmt.Errorf("%w: leader node %d is unreachable: %v", engine.ErrNoLeader, leader.ID, err)
+	}
 	return err
 }
 

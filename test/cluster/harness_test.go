@@ -57,6 +57,7 @@ type node struct {
 	admin  string // admin listener
 	config string
 	log    string
+	args   []string // extra server flags
 	mu     sync.Mutex
 	cmd    *exec.Cmd
 	done   chan struct{}
@@ -68,7 +69,7 @@ func (n *node) start() {
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	cmd := exec.Command(binPath, "server", "--config", n.config)
+	cmd := exec.Command(binPath, append([]string{"server", "--config", n.config}, n.args...)...)
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		n.t.Fatal(err)
