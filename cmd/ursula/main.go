@@ -379,6 +379,7 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, joining bool, stderr io.W
 		},
 		InitMembership:    true,
 		Join:              joining,
+		JournalDamaged:    nl.Stats().TailDamage != "",
 		HeartbeatTimeout:  time.Duration(rc.HeartbeatTimeoutMs) * time.Millisecond,
 		SnapshotThreshold: rc.SnapshotThreshold, TrailingLogs: rc.TrailingLogs,
 		Logger: logger, RaftLog: stderr,

@@ -86,6 +86,9 @@ type Config struct {
 	// Join: this node is new to a running cluster. Its groups start empty, never
 	// initialise, and wait for the leaders to add it (lifecycle.go).
 	Join bool
+	// JournalDamaged: the node log cut a damaged tail when it opened. With an unclean
+	// stop, it closes the recovery gate as a host restart does (lifecycle.go).
+	JournalDamaged bool
 
 	HeartbeatTimeout  time.Duration
 	ElectionTimeout   time.Duration
@@ -274,7 +277,7 @@ func (e *Engine) openGroup(id uint64) (*group, error) {
 		return nil, err
 	}
 	g.hadState = has
-	if has && e.life.unclean && !e.life.single {
+	if has && e.life.mayHaveLost(e.cfg.JournalDamaged) && !e.life.single {
 		g.gated.Store(true)
 	}
 	r, err := raft.NewRaft(rc, g, logs, stable, snaps, trans)

@@ -12,7 +12,8 @@ package raftengine
 //
 // Recovery gate. Under fsync=never a host crash can drop the unsynced tail of a replica's
 // journal. Such a replica must not help elect a leader that lacks entries it had
-// acknowledged, so after an unclean stop (no clean-shutdown record) every group that held
+// acknowledged, so after an unclean stop (no clean-shutdown record) across a host restart
+// (the kernel's boot id changed) or with a damaged journal tail, every group that held
 // state starts gated: the transport refuses its vote requests and pre-votes, answers
 // vote requests of others with "not granted" and refuses leadership transfers to it. The
 // gate of a group opens once the replica has applied the commit index its leader reports
@@ -101,10 +102,17 @@ func (e *Engine) openLifecycle(single bool) error {
 	return writeFileSync(e.lifePath(runStateFile), "running "+l.bootID+"\n")
 }
 
+// mayHaveLost: the replica may lack entries it acknowledged. A process crash under
+// fsync=never loses nothing (the page cache survives it); a host restart or a damaged
+// journal tail after an unclean stop may have.
+func (l *lifecycle) mayHaveLost(journalDamaged bool) bool {
+	return l.unclean && (l.hostRestart || journalDamaged)
+}
+
 // afterOpen runs once every group is open.
 func (e *Engine) afterOpen() {
 	l := &e.life
-	if !l.single || !l.unclean || !l.hostRestart {
+	if !l.single || !l.mayHaveLost(e.cfg.JournalDamaged) {
 		return
 	}
 	for _, g := range e.groups {
@@ -610,7 +618,8 @@ type Recovery struct {
 	NodeID      uint64 `json:"node_id"`
 	UncleanStop bool   `json:"unclean_stop"`
 	HostRestart bool   `json:"host_restarted"`
-	// UnsyncedLossPossible: a single voter stopped uncleanly across a host restart, so
+	// UnsyncedLossPossible: a single voter stopped uncleanly across a host restart (or with
+	// a damaged journal tail), so
 	// writes acknowledged from the page cache (fsync=never) may be gone.
 	UnsyncedLossPossible bool            `json:"unsynced_loss_possible"`
 	Outcome              string          `json:"outcome,omitempty"`
