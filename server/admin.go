@@ -82,7 +82,7 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 	if ra, ok := s.engine.(engine.RaftAdmin); ok {
 		if ok, why := ra.Ready(); !ok {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			json.NewEncoder(w).Encode(map[string]any{"ready": false, "reason": "raft_replica_unready", "detail": why})
+			json.NewEncoder(w).Encode(map[string]any{"ready": false, "reason": readyReason(why), "detail": why})
 			return
 		}
 	}

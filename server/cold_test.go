@@ -625,7 +625,13 @@ func TestColdFlushEndpoint(t *testing.T) {
 	env.create("/bkt1/f2", "application/octet-stream")
 	env.appendAll("/bkt1/f1", 0, 300<<10, 100<<10)
 	env.appendAll("/bkt1/f2", 0, 300<<10, 100<<10)
-	res, body := coldDo(t, "POST", env.url("/__ursula/flush-cold/bkt1/f1"), nil)
+	// An admin endpoint: the client listener refuses it, the admin listener serves it.
+	if res, _ := coldDo(t, "POST", env.url("/__ursula/flush-cold/bkt1/f1"), nil); res.StatusCode != 404 {
+		t.Fatalf("flush-cold on the client listener: %d", res.StatusCode)
+	}
+	admin := httptest.NewServer(env.srv.AdminHandler())
+	defer admin.Close()
+	res, body := coldDo(t, "POST", admin.URL+"/__ursula/flush-cold/bkt1/f1", nil)
 	if res.StatusCode != 200 || !strings.Contains(string(body), streamcore.FormatOffset(300<<10)) {
 		t.Fatalf("flush-cold: %d %s", res.StatusCode, body)
 	}
@@ -636,7 +642,7 @@ func TestColdFlushEndpoint(t *testing.T) {
 		t.Fatalf("hot starts %d %d", env.hotStart("bkt1/f1"), env.hotStart("bkt1/f2"))
 	}
 	env.readFrom("/bkt1/f1", "-1", 0, 300<<10)
-	if res, _ := coldDo(t, "POST", env.url("/__ursula/flush-cold/bkt1/nope"), nil); res.StatusCode != 404 {
+	if res, _ := coldDo(t, "POST", admin.URL+("/__ursula/flush-cold/bkt1/nope"), nil); res.StatusCode != 404 {
 		t.Fatalf("missing stream: %d", res.StatusCode)
 	}
 }

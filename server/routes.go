@@ -32,12 +32,9 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	case "/metrics":
 		s.handleMetricsProm(w, r)
 		return
-	case "/__ursula/raft/status", "/__ursula/raft/transfer", "/__ursula/raft/drain":
-		s.handleRaftAdmin(w, r, raw)
-		return
 	}
-	if strings.HasPrefix(raw, "/__ursula/flush-cold/") {
-		s.handleFlushCold(w, r, raw)
+	if isAdminPath(raw) {
+		s.adminOnly(w, r)
 		return
 	}
 	if strings.HasPrefix(raw, "/__ursula/") || raw == "/__ursula" {

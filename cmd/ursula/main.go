@@ -35,6 +35,7 @@ Usage:
   ursula log <stream-url> [--json]
   ursula branch <src-url>[@OFFSET|@TIME] <dst-url>
   ursula verify <stream-url> [--every 10m] [--metrics-listen ADDR]
+  ursula ctl [--node ADMIN_URL] [--json] status|wait-ready|drain|undrain|transfer|members ...
   ursula help
 
 Commands:
@@ -43,6 +44,7 @@ Commands:
   log      List a database's retained commits and snapshots with their times.
   branch   Make a writable copy of a database as it was, as a fork of its stream.
   verify   Rebuild a database from its stream and check it (integrity, replay agreement).
+  ctl      Operate a node through its admin listener (ursula ctl help).
 
 Server flags (flags override the config file):
   --listen ADDR    address to listen on (config server.listen; default 127.0.0.1:4437)
@@ -71,6 +73,10 @@ Server flags (flags override the config file):
   --engine NAME    "raft" (default): persistent, replicated when peers are configured; with
                    no peers a single voter. "memory": streams live in process memory only.
   --node-id N      overrides raft.node_id, so one config file can serve every node
+  --admin-listen A admin listener (config server.admin_listen; default 127.0.0.1 and the
+                   client listener's port + 1, so 127.0.0.1:4438 by default; "off" disables)
+  --join URL       start a new node for a running cluster (any member's client URL); it
+                   waits until an operator adds it: ursula ctl members add ID URL
   --cpuprofile F   write a Go CPU profile to F until shutdown (for performance work)
 
 With no config, ursula server runs one persistent node (Raft, a single voter) under
@@ -88,9 +94,11 @@ Try it:
   curl 'http://127.0.0.1:4437/demo/hello?offset=-1'
 
 Endpoints: streams at /{bucket}/{stream}, the reference-server family at /v1/stream/{path},
-readiness at /__ursula/ready, metrics at /__ursula/metrics (JSON) and /metrics (Prometheus),
-Raft: GET /__ursula/raft/status, POST /__ursula/raft/transfer?group=N[&to=ID],
-POST /__ursula/raft/drain.
+readiness at /__ursula/ready, metrics at /__ursula/metrics (JSON) and /metrics (Prometheus).
+The admin listener serves those too, plus every operation (docs/cluster.md):
+GET /__ursula/raft/status, POST /__ursula/raft/transfer?group=N[&to=ID], POST /__ursula/raft/drain,
+POST|DELETE /__ursula/leadership-shed/maintenance, GET /__ursula/members, membership changes,
+GET /__ursula/recovery, POST /__ursula/flush-cold/{bucket}/{stream}.
 `
 
 func main() {
@@ -112,6 +120,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		return 0
+	case "ctl":
+		return runCtl(args[1:], stdout, stderr)
 	case "server":
 		if err := runServer(args[1:], stderr); err != nil {
 			fmt.Fprintf(stderr, "ursula server: %v\n", err)
@@ -140,6 +150,8 @@ type fileConfig struct {
 		// ClusterListen is the address the cluster listener binds (default: this node's
 		// raft_addr in raft.peers; differs when peers reach it through a proxy or NAT).
 		ClusterListen string `toml:"cluster_listen"`
+		// AdminListen is the admin listener (lifecycle.go).
+		AdminListen string `toml:"admin_listen"`
 	} `toml:"server"`
 	Raft struct {
 		NodeID                 uint64 `toml:"node_id"`
@@ -174,6 +186,8 @@ func runServer(args []string, stderr io.Writer) error {
 	engineFlag := fs.String("engine", "", "storage engine")
 	nodeID := fs.Uint64("node-id", 0, "raft node id (overrides raft.node_id)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile to this file until shutdown")
+	adminListen := fs.String("admin-listen", "", "admin listener address")
+	join := fs.String("join", "", "client URL of a member of the cluster to join")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -225,6 +239,10 @@ func runServer(args []string, stderr io.Writer) error {
 	if clusterID != "" && !validClusterID(clusterID) {
 		return fmt.Errorf("config server.cluster_id %q: use 1 to 64 characters of A-Z a-z 0-9 . _ -", clusterID)
 	}
+	joining, err := prepareJoin(*join, dataDir, &fc, clusterID)
+	if err != nil {
+		return err
+	}
 	if clusterID == "" {
 		id, err := loadClusterID(dataDir)
 		if err != nil {
@@ -245,14 +263,14 @@ func runServer(args []string, stderr io.Writer) error {
 	if engineName == "memory" {
 		eng = engine.NewMemory(10 * time.Second)
 	} else {
-		re, closeLog, err := openRaft(&fc, dataDir, "http://"+ln.Addr().String(), stderr, logger, &lim)
+		re, closeLog, err := openRaft(&fc, dataDir, "http://"+ln.Addr().String(), joining, stderr, logger, &lim)
 		if err != nil {
 			ln.Close()
 			return err
 		}
 		defer closeLog()
 		eng = re
-		if len(fc.Raft.Peers) > 1 {
+		if len(fc.Raft.Peers) > 1 || joining {
 			drain = func() { re.Drain() }
 		} else {
 			// A single voter elects itself at once: serve when it has (bounded), so the
@@ -269,7 +287,7 @@ func runServer(args []string, stderr io.Writer) error {
 	if lim.guard != nil {
 		srv.SetAdmission(lim.guard)
 	}
-	if err := enableCold(srv, &fc.Storage, dataDir, engineName, len(fc.Raft.Peers), logger); err != nil {
+	if err := enableCold(srv, &fc.Storage, dataDir, engineName, clusterSize(len(fc.Raft.Peers), joining), logger); err != nil {
 		ln.Close()
 		return err
 	}
@@ -281,6 +299,12 @@ func runServer(args []string, stderr io.Writer) error {
 	hs, cln := lim.httpServer(srv, ln)
 	hs.BaseContext = func(net.Listener) context.Context { return baseCtx }
 	hs.RegisterOnShutdown(cancelBase)
+	adminSrv, err := serveAdmin(pickStr(*adminListen, fc.Server.AdminListen), addr, srv, logger)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	defer adminSrv.Close()
 	logger.Info("ursula listening", "addr", ln.Addr().String(), "engine", engineName, "cluster_id", clusterID, "data", dataDir,
 		"max_connections", lim.maxConns, "max_live_readers", lim.maxLive, "nofile", lim.nofile)
 
@@ -313,7 +337,7 @@ func runServer(args []string, stderr io.Writer) error {
 }
 
 // openRaft opens the node log and the raft engine as configured.
-func openRaft(fc *fileConfig, dataDir, selfURL string, stderr io.Writer, logger *slog.Logger, lim *resolvedLimits) (*raftengine.Engine, func(), error) {
+func openRaft(fc *fileConfig, dataDir, selfURL string, joining bool, stderr io.Writer, logger *slog.Logger, lim *resolvedLimits) (*raftengine.Engine, func(), error) {
 	rc := &fc.Raft
 	if rc.NodeID == 0 {
 		if len(rc.Peers) > 0 {
@@ -340,6 +364,13 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, stderr io.Writer, logger 
 	}
 	if len(peers) == 0 {
 		peers = []raftengine.Peer{{ID: rc.NodeID, URL: selfURL}}
+		if joining {
+			if fc.Server.ClusterListen == "" {
+				return nil, nil, errors.New("a joining node needs server.cluster_listen (the address the cluster reaches it at)")
+			}
+			peers[0].RaftAddr = fc.Server.ClusterListen
+			self = 0
+		}
 	}
 	fsync, err := raftlog.ParseFsyncMode(pickStr(rc.WAL.Fsync, "never"))
 	if err != nil {
@@ -373,6 +404,8 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, stderr io.Writer, logger 
 			return c, s, nil
 		},
 		InitMembership:    true,
+		Join:              joining,
+		JournalDamaged:    nl.Stats().TailDamage != "",
 		HeartbeatTimeout:  time.Duration(rc.HeartbeatTimeoutMs) * time.Millisecond,
 		SnapshotThreshold: rc.SnapshotThreshold, TrailingLogs: rc.TrailingLogs,
 		Logger: logger, RaftLog: stderr,
@@ -382,7 +415,7 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, stderr io.Writer, logger 
 			cfg.InitMembership = *v
 		}
 	}
-	if len(peers) > 1 {
+	if len(peers) > 1 || joining {
 		bind := pickStr(fc.Server.ClusterListen, peers[self].RaftAddr)
 		ln, err := net.Listen("tcp", bind)
 		if err != nil {
@@ -397,7 +430,15 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, stderr io.Writer, logger 
 		return nil, nil, err
 	}
 	logger.Info("raft engine", "node_id", rc.NodeID, "groups", e.GroupCount(), "voters", len(peers), "wal", walDir, "fsync", fsync.String())
-	return e, func() { e.Close(); nl.Close() }, nil
+	return e, func() {
+		e.Close()
+		// The clean-stop record vouches that the journal is synced: write it only then.
+		if err := nl.Close(); err == nil {
+			if err := e.RecordCleanShutdown(); err != nil {
+				logger.Warn("could not record the clean stop", "err", err)
+			}
+		}
+	}, nil
 }
 
 func pickStr(v, def string) string {

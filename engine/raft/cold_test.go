@@ -22,6 +22,7 @@ type coldNode struct {
 	e   *Engine
 	srv *server.Server
 	ts  *httptest.Server
+	adm *httptest.Server // the admin listener
 }
 
 // coldCluster starts n in-process voters over real HTTP, sharing one fs cold store.
@@ -56,8 +57,9 @@ func coldCluster(t *testing.T, n int, store coldstore.Store, cfg coldstore.Confi
 		ts.Listener.Close()
 		ts.Listener = https[i]
 		ts.Start()
-		nd := &coldNode{e: e, srv: srv, ts: ts}
-		t.Cleanup(func() { ts.Close(); srv.StopCold(); e.Close() })
+		adm := httptest.NewServer(srv.AdminHandler())
+		nd := &coldNode{e: e, srv: srv, ts: ts, adm: adm}
+		t.Cleanup(func() { ts.Close(); adm.Close(); srv.StopCold(); e.Close() })
 		nodes = append(nodes, nd)
 	}
 	for _, nd := range nodes {
@@ -155,10 +157,10 @@ func TestColdThreeVoters(t *testing.T) {
 			t.Fatalf("follower %s over the cap: %d %v", req.method, res.StatusCode, res.Header)
 		}
 	}
-	if res, _ := do(t, http.MethodPost, F.ts.URL+"/__ursula/flush-cold/"+key, nil); res.StatusCode != http.StatusTemporaryRedirect {
+	if res, _ := do(t, http.MethodPost, F.adm.URL+"/__ursula/flush-cold/"+key, nil); res.StatusCode != http.StatusConflict {
 		t.Fatalf("flush on a follower: %d", res.StatusCode)
 	}
-	if res, b := do(t, http.MethodPost, L.ts.URL+"/__ursula/flush-cold/"+key, nil); res.StatusCode != http.StatusOK || !strings.Contains(string(b), streamcore.FormatOffset(uint64(len(data)))) {
+	if res, b := do(t, http.MethodPost, L.adm.URL+"/__ursula/flush-cold/"+key, nil); res.StatusCode != http.StatusOK || !strings.Contains(string(b), streamcore.FormatOffset(uint64(len(data)))) {
 		t.Fatalf("flush on the leader: %d %s", res.StatusCode, b)
 	}
 	for _, nd := range nodes {
@@ -215,7 +217,7 @@ func TestColdThreeVoters(t *testing.T) {
 	if res, b := do(t, http.MethodPost, F.ts.URL+"/"+key, more); res.StatusCode != http.StatusNoContent {
 		t.Fatalf("append on the new leader: %d %s", res.StatusCode, b)
 	}
-	if res, b := do(t, http.MethodPost, F.ts.URL+"/__ursula/flush-cold/"+key, nil); res.StatusCode != http.StatusOK {
+	if res, b := do(t, http.MethodPost, F.adm.URL+"/__ursula/flush-cold/"+key, nil); res.StatusCode != http.StatusOK {
 		t.Fatalf("flush on the new leader: %d %s", res.StatusCode, b)
 	}
 	eventually(t, "the old leader trims", func() bool { return L.e.GroupHotBytes(g) == 0 })
@@ -257,7 +259,10 @@ func TestColdHotCounterRestart(t *testing.T) {
 	body := bytes.Repeat([]byte("z"), 100<<10)
 	do(t, http.MethodPut, ts.URL+"/"+key, nil)
 	do(t, http.MethodPost, ts.URL+"/"+key, body)
-	if res, b := do(t, http.MethodPost, ts.URL+"/__ursula/flush-cold/"+key, nil); res.StatusCode != 200 {
+	adm := httptest.NewServer(srv.AdminHandler())
+	res, b := do(t, http.MethodPost, adm.URL+"/__ursula/flush-cold/"+key, nil)
+	adm.Close()
+	if res.StatusCode != 200 {
 		t.Fatalf("flush: %d %s", res.StatusCode, b)
 	}
 	for range 6 {
@@ -280,7 +285,7 @@ func TestColdHotCounterRestart(t *testing.T) {
 	}
 	ts = httptest.NewServer(srv)
 	defer ts.Close()
-	res, b := do(t, http.MethodGet, ts.URL+"/"+key+"?offset=-1", nil)
+	res, b = do(t, http.MethodGet, ts.URL+"/"+key+"?offset=-1", nil)
 	if res.StatusCode != 200 || len(b) != len(body)+int(want) {
 		t.Fatalf("read after restart: %d, %d bytes", res.StatusCode, len(b))
 	}

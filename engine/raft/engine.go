@@ -83,6 +83,12 @@ type Config struct {
 	// (every node does it with the same configuration, which hashicorp/raft allows).
 	// A single voter always initialises.
 	InitMembership bool
+	// Join: this node is new to a running cluster. Its groups start empty, never
+	// initialise, and wait for the leaders to add it (lifecycle.go).
+	Join bool
+	// JournalDamaged: the node log cut a damaged tail when it opened. With an unclean
+	// stop, it closes the recovery gate as a host restart does (lifecycle.go).
+	JournalDamaged bool
 
 	HeartbeatTimeout  time.Duration
 	ElectionTimeout   time.Duration
@@ -108,6 +114,7 @@ type Engine struct {
 	alias   map[string]uint64 // key -> group, for streams held outside their hash group
 
 	peers peerChannel // requests to the other voters (peer.go)
+	life  lifecycle   // address book, drain mark, recovery gate (lifecycle.go)
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -140,7 +147,7 @@ func Open(cfg Config) (*Engine, error) {
 	if cfg.RaftLog == nil {
 		cfg.RaftLog = os.Stderr
 	}
-	single := len(cfg.Peers) <= 1
+	single := len(cfg.Peers) <= 1 && !cfg.Join
 	if cfg.HeartbeatTimeout == 0 {
 		cfg.HeartbeatTimeout = time.Second
 		if single {
@@ -194,6 +201,9 @@ func Open(cfg Config) (*Engine, error) {
 	} else if !single {
 		return nil, errors.New("raftengine: a cluster listener is required with more than one peer")
 	}
+	if err := e.openLifecycle(single); err != nil {
+		return nil, err
+	}
 	for i := range cfg.GroupCount {
 		g, err := e.openGroup(uint64(i))
 		if err != nil {
@@ -202,8 +212,10 @@ func Open(cfg Config) (*Engine, error) {
 		}
 		e.groups = append(e.groups, g)
 	}
-	e.wg.Add(1)
+	e.afterOpen()
+	e.wg.Add(2)
 	go e.sweeper()
+	go e.lifecycleLoop()
 	return e, nil
 }
 
@@ -242,6 +254,7 @@ func (e *Engine) openGroup(id uint64) (*group, error) {
 		_, trans = raft.NewInmemTransport(raft.ServerAddress(fmt.Sprintf("node-%d", e.cfg.NodeID)))
 	}
 	g.trans = trans
+	trans = &gateTransport{Transport: trans, g: g}
 	rc := raft.DefaultConfig()
 	rc.LocalID = serverID(e.cfg.NodeID)
 	rc.HeartbeatTimeout = e.cfg.HeartbeatTimeout
@@ -255,7 +268,7 @@ func (e *Engine) openGroup(id uint64) (*group, error) {
 	rc.BatchApplyCh = true
 	rc.LogOutput = e.cfg.RaftLog
 	rc.LogLevel = "WARN"
-	if len(e.cfg.Peers) == 1 {
+	if len(e.cfg.Peers) == 1 && !e.cfg.Join {
 		rc.LogLevel = "ERROR" // a single voter's routine elections are not news
 	}
 	rc.Logger = nil
@@ -263,12 +276,16 @@ func (e *Engine) openGroup(id uint64) (*group, error) {
 	if err != nil {
 		return nil, err
 	}
+	g.hadState = has
+	if has && e.life.mayHaveLost(e.cfg.JournalDamaged) && !e.life.single {
+		g.gated.Store(true)
+	}
 	r, err := raft.NewRaft(rc, g, logs, stable, snaps, trans)
 	if err != nil {
 		return nil, err
 	}
 	g.r = r
-	if !has && (e.cfg.InitMembership || len(e.cfg.Peers) == 1) {
+	if !has && !e.cfg.Join && (e.cfg.InitMembership || len(e.cfg.Peers) == 1) {
 		var servers []raft.Server
 		for _, p := range e.cfg.Peers {
 			addr := raft.ServerAddress(p.RaftAddr)
@@ -347,7 +364,8 @@ func (e *Engine) leaderErr(g *group, proposed bool) error {
 		}
 		return &engine.NotLeaderError{Proposed: true}
 	}
-	return &engine.NotLeaderError{LeaderURL: e.byID[id].URL, Proposed: proposed}
+	p, _ := e.peerByID(id)
+	return &engine.NotLeaderError{LeaderURL: p.URL, Proposed: proposed}
 }
 
 // Propose implements engine.Engine.
@@ -455,6 +473,9 @@ const maxApplyLag = 1024
 // Ready implements engine.RaftAdmin: every group knows a leader and has applied what it
 // knows to be committed (a leader after its term's barrier).
 func (e *Engine) Ready() (bool, string) {
+	if ok, why := e.lifecycleReady(); !ok {
+		return false, why
+	}
 	for _, g := range e.groups {
 		addr, _ := g.r.LeaderWithID()
 		if addr == "" {
@@ -507,11 +528,18 @@ type GroupStatus struct {
 	CommitIndex  uint64 `json:"commit_index"`
 	AppliedIndex uint64 `json:"applied_index"`
 	Streams      int    `json:"streams"`
+	// RecoveryGate is "closed" while the replica may lack acknowledged entries after an
+	// unclean stop (it neither votes nor campaigns), else "open".
+	RecoveryGate     string `json:"recovery_gate"`
+	GateRefusedVotes uint64 `json:"gate_refused_votes,omitempty"`
 }
 
 // Status is GET /__ursula/raft/status.
 type Status struct {
 	NodeID     uint64        `json:"node_id"`
+	URL        string        `json:"url,omitempty"`       // this node's client URL
+	RaftAddr   string        `json:"raft_addr,omitempty"` // this node's cluster address
+	DrainMark  bool          `json:"drain_mark"`
 	GroupCount int           `json:"group_count"`
 	Leading    int           `json:"leading"`
 	Groups     []GroupStatus `json:"groups"`
@@ -519,11 +547,13 @@ type Status struct {
 
 // RaftStatus implements engine.RaftAdmin.
 func (e *Engine) RaftStatus() any {
-	st := Status{NodeID: e.cfg.NodeID, GroupCount: len(e.groups)}
+	st := Status{NodeID: e.cfg.NodeID, URL: e.self.URL, RaftAddr: e.selfRaftAddr(), DrainMark: e.life.drainMark.Load(), GroupCount: len(e.groups)}
 	for _, g := range e.groups {
 		_, id := g.r.LeaderWithID()
-		gs := GroupStatus{Group: g.id, State: g.r.State().String(), LeaderID: string(id), LeaderURL: e.byID[id].URL,
-			Term: g.r.CurrentTerm(), LastIndex: g.r.LastIndex(), CommitIndex: g.r.CommitIndex(), AppliedIndex: g.r.AppliedIndex()}
+		lp, _ := e.peerByID(id)
+		gs := GroupStatus{Group: g.id, State: g.r.State().String(), LeaderID: string(id), LeaderURL: lp.URL,
+			Term: g.r.CurrentTerm(), LastIndex: g.r.LastIndex(), CommitIndex: g.r.CommitIndex(), AppliedIndex: g.r.AppliedIndex(),
+			RecoveryGate: gateName(g.gated.Load()), GateRefusedVotes: g.gateRefusedVotes.Load()}
 		gs.Streams, _ = g.Count()
 		if g.r.State() == raft.Leader {
 			st.Leading++
@@ -551,7 +581,7 @@ func (e *Engine) TransferLeadership(group, to uint64) error {
 	if to == 0 {
 		return g.r.LeadershipTransfer().Error()
 	}
-	p, ok := e.byID[serverID(to)]
+	p, ok := e.peerByID(serverID(to))
 	if !ok {
 		return ErrUnknownNode
 	}
@@ -566,7 +596,7 @@ func (e *Engine) TransferLeadership(group, to uint64) error {
 // leaderships keep arriving (an election or a transfer to this node that was in flight),
 // and returns once a pass finds nothing to hand off.
 func (e *Engine) Drain() error {
-	if len(e.cfg.Peers) < 2 {
+	if e.life.single {
 		return errors.New("a single voter cannot hand leadership to anyone")
 	}
 	deadline := time.Now().Add(5 * time.Second)

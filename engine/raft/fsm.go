@@ -40,6 +40,10 @@ type group struct {
 	barrierTerm    atomic.Uint64 // term whose barrier this leader has applied
 	barrierRunning atomic.Bool
 	caughtUp       atomic.Bool // a follower applied all it knew committed once (readiness)
+
+	hadState         bool        // the replica held Raft state when the node started
+	gated            atomic.Bool // recovery gate closed: no votes, no campaigns, no transfers to it
+	gateRefusedVotes atomic.Uint64
 }
 
 // Apply implements raft.FSM.

@@ -57,7 +57,7 @@ func (e *Engine) RenewRead(ctx context.Context, key string, now int64) {
 		return
 	}
 	_, id := e.groupOf(key).r.LeaderWithID()
-	leader, ok := e.byID[id]
+	leader, ok := e.peerByID(id)
 	if !ok || leader.ID == e.cfg.NodeID || !e.renewDue(key) {
 		return
 	}
@@ -96,7 +96,7 @@ func (e *Engine) SetColdPins(pinned func(key string) bool) {
 // PeersColdRefs implements engine.ColdPeers.
 func (e *Engine) PeersColdRefs(ctx context.Context, keys []string) (map[string]bool, error) {
 	needed := map[string]bool{}
-	for _, p := range e.cfg.Peers {
+	for _, p := range e.knownPeers() {
 		if p.ID == e.cfg.NodeID {
 			continue
 		}
@@ -194,6 +194,8 @@ func (e *Engine) servePeer(c net.Conn) {
 		e.renewAsLeader(string(payload))
 	case peerColdRefs:
 		answer = e.localColdRefs(payload)
+	case peerMember, peerCommitIndex:
+		status, answer = e.serveLifecyclePeer(op, payload)
 	default:
 		status, answer = 1, []byte("unknown peer request")
 	}

@@ -138,7 +138,9 @@ type streamLayer struct {
 
 // Dial opens a connection to the group on the node at address.
 func (l *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	c, err := net.DialTimeout("tcp", string(address), timeout)
+	// A member added at run time carries its client URL in its Raft address (lifecycle.go).
+	raftAddr, _ := splitAddr(string(address))
+	c, err := net.DialTimeout("tcp", raftAddr, timeout)
 	if err != nil {
 		return nil, err
 	}

@@ -92,7 +92,7 @@ for target in $targets; do
       done
       read -r -a cpids <"$cdir/pids"
       pids+=("${cpids[@]}")
-      test/cluster/lead.sh "http://127.0.0.1:$((base + 1))" 1
+      test/cluster/lead.sh 1 "http://127.0.0.1:$((base + 21))" "http://127.0.0.1:$((base + 22))" "http://127.0.0.1:$((base + 23))"
       url="http://127.0.0.1:$((base + 1))/bench"
       ;;
     reference)

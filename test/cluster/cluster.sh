@@ -33,6 +33,7 @@ for i in 1 2 3; do
   cat >"$dir/node$i.toml" <<TOML
 [server]
 listen = "127.0.0.1:$((base + i))"
+admin_listen = "127.0.0.1:$((base + 20 + i))"
 data_dir = "$dir/node$i"
 cluster_id = "loopback-cluster"
 engine = "raft"
@@ -69,5 +70,5 @@ done
 echo "cluster ready: http://127.0.0.1:$((base + 1)) http://127.0.0.1:$((base + 2)) http://127.0.0.1:$((base + 3)) (data and logs in $dir)"
 if [ $bg = 1 ]; then exit 0; fi
 trap 'stop; exit 0' INT TERM
-echo "Ctrl-C stops the cluster. Status: curl http://127.0.0.1:$((base + 1))/__ursula/raft/status"
+echo "Ctrl-C stops the cluster. Status: curl http://127.0.0.1:$((base + 21))/__ursula/raft/status (admin listeners: ports $((base + 21))-$((base + 23)))"
 wait

@@ -149,7 +149,7 @@ func TestColdSingleNodeDefaultKill9(t *testing.T) {
 	data := coldPattern(50 << 20)
 	url := n.url + "/coldb/big"
 	appendAll(t, url, data, 1<<20)
-	hot := flushCold(t, n.url, "coldb/big")
+	hot := flushCold(t, n.admin, "coldb/big")
 	if hot != streamcore.FormatOffset(uint64(len(data))) {
 		t.Fatalf("hot start after flush %s, want the tail %d", hot, len(data))
 	}
@@ -187,7 +187,7 @@ func TestColdSingleNodeDefaultKill9(t *testing.T) {
 	if err != nil || res.StatusCode != http.StatusNoContent {
 		t.Fatalf("append after restart: %v %v %s", err, res, b)
 	}
-	flushCold(t, n.url, "coldb/big")
+	flushCold(t, n.admin, "coldb/big")
 	all := append(append([]byte(nil), data...), more...)
 	checkRandomReads(t, url, all, 3)
 }
@@ -221,10 +221,13 @@ func coldClusterFollowerReads(t *testing.T, backend string, size int) {
 	L, F := c.nodes[leader-1], c.nodes[leader%3]
 	data := coldPattern(size)
 	appendAll(t, L.url+"/"+key, data, 512<<10)
-	if res, _, err := httpDo(http.MethodPost, F.url+"/__ursula/flush-cold/"+key, nil, nil); err != nil || res.StatusCode != http.StatusTemporaryRedirect {
+	if res, _, err := httpDo(http.MethodPost, F.url+"/__ursula/flush-cold/"+key, nil, nil); err != nil || res.StatusCode != http.StatusNotFound {
+		t.Fatalf("flush-cold on a client listener: %v %v", err, res)
+	}
+	if res, _, err := httpDo(http.MethodPost, F.admin+"/__ursula/flush-cold/"+key, nil, nil); err != nil || res.StatusCode != http.StatusConflict {
 		t.Fatalf("flush-cold on a follower: %v %v", err, res)
 	}
-	if hot := flushCold(t, L.url, key); hot != streamcore.FormatOffset(uint64(len(data))) {
+	if hot := flushCold(t, L.admin, key); hot != streamcore.FormatOffset(uint64(len(data))) {
 		t.Fatalf("hot start after flush %s", hot)
 	}
 	// The follower applies the records and reads the flushed bytes from the shared store.

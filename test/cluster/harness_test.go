@@ -53,9 +53,11 @@ func freePort(t *testing.T) int {
 type node struct {
 	t      *testing.T
 	id     int
-	url    string
+	url    string // client listener
+	admin  string // admin listener
 	config string
 	log    string
+	args   []string // extra server flags
 	mu     sync.Mutex
 	cmd    *exec.Cmd
 	done   chan struct{}
@@ -67,7 +69,7 @@ func (n *node) start() {
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	cmd := exec.Command(binPath, "server", "--config", n.config)
+	cmd := exec.Command(binPath, append([]string{"server", "--config", n.config}, n.args...)...)
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		n.t.Fatal(err)
@@ -131,7 +133,7 @@ type raftStatus struct {
 
 func (n *node) status() (raftStatus, error) {
 	var st raftStatus
-	res, err := http.Get(n.url + "/__ursula/raft/status")
+	res, err := http.Get(n.admin + "/__ursula/raft/status")
 	if err != nil {
 		return st, err
 	}
@@ -163,6 +165,7 @@ func newCluster(t *testing.T, o clusterOpts) *testCluster {
 	dir := t.TempDir()
 	c := &testCluster{t: t, dir: dir}
 	httpPorts := make([]int, o.nodes)
+	adminPorts := make([]int, o.nodes)
 	raftPorts := make([]int, o.nodes)
 	used := map[int]bool{}
 	distinct := func() int { // a port just closed may be handed out again
@@ -174,12 +177,13 @@ func newCluster(t *testing.T, o clusterOpts) *testCluster {
 		}
 	}
 	for i := range o.nodes {
-		httpPorts[i], raftPorts[i] = distinct(), distinct()
+		httpPorts[i], raftPorts[i], adminPorts[i] = distinct(), distinct(), distinct()
 	}
 	c.raftPorts = raftPorts
 	for i := range o.nodes {
 		var b strings.Builder
-		fmt.Fprintf(&b, "[server]\nlisten = \"127.0.0.1:%d\"\ndata_dir = %q\ncluster_id = \"test-cluster\"\nengine = \"raft\"\n", httpPorts[i], filepath.Join(dir, fmt.Sprintf("node%d", i+1)))
+		fmt.Fprintf(&b, "[server]\nadmin_listen = \"127.0.0.1:%d\"\n", adminPorts[i])
+		fmt.Fprintf(&b, "listen = \"127.0.0.1:%d\"\ndata_dir = %q\ncluster_id = \"test-cluster\"\nengine = \"raft\"\n", httpPorts[i], filepath.Join(dir, fmt.Sprintf("node%d", i+1)))
 		if o.nodes > 1 {
 			fmt.Fprintf(&b, "cluster_listen = \"127.0.0.1:%d\"\n", raftPorts[i])
 		}
@@ -198,7 +202,7 @@ func newCluster(t *testing.T, o clusterOpts) *testCluster {
 		if err := os.WriteFile(cfg, []byte(b.String()), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		c.nodes = append(c.nodes, &node{t: t, id: i + 1, url: fmt.Sprintf("http://127.0.0.1:%d", httpPorts[i]), config: cfg, log: filepath.Join(dir, fmt.Sprintf("node%d.log", i+1))})
+		c.nodes = append(c.nodes, &node{t: t, id: i + 1, url: fmt.Sprintf("http://127.0.0.1:%d", httpPorts[i]), admin: fmt.Sprintf("http://127.0.0.1:%d", adminPorts[i]), config: cfg, log: filepath.Join(dir, fmt.Sprintf("node%d.log", i+1))})
 	}
 	t.Cleanup(func() {
 		for _, n := range c.nodes {

@@ -115,7 +115,7 @@ func TestPartitionedLeaderAcknowledgesNothing(t *testing.T) {
 			t.Fatal("could not move leadership to node 3")
 		}
 		if l := c.leaderOf(g, iso); l != 0 {
-			httpDo(http.MethodPost, fmt.Sprintf("%s/__ursula/raft/transfer?group=%d&to=3", c.nodes[l-1].url, g), nil, nil)
+			httpDo(http.MethodPost, fmt.Sprintf("%s/__ursula/raft/transfer?group=%d&to=3", c.nodes[l-1].admin, g), nil, nil)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -74,18 +74,18 @@ func TestFollowerAnswers(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	// Admin.
-	res, body, err := httpDo(http.MethodGet, F.url+"/__ursula/raft/status", nil, nil)
+	res, body, err := httpDo(http.MethodGet, F.admin+"/__ursula/raft/status", nil, nil)
 	var st raftStatus
 	if err != nil || res.StatusCode != 200 || json.Unmarshal(body, &st) != nil || st.GroupCount != 2 || len(st.Groups) != 2 {
 		t.Fatalf("status: %v %v %s", err, res, body)
 	}
-	if res, _, _ := httpDo(http.MethodPost, L.url+"/__ursula/raft/transfer?group=9", nil, nil); res.StatusCode != http.StatusNotFound {
+	if res, _, _ := httpDo(http.MethodPost, L.admin+"/__ursula/raft/transfer?group=9", nil, nil); res.StatusCode != http.StatusNotFound {
 		t.Fatalf("transfer of an unknown group: %d", res.StatusCode)
 	}
-	if res, _, _ := httpDo(http.MethodPost, F.url+fmt.Sprintf("/__ursula/raft/transfer?group=%d", g), nil, nil); res.StatusCode != http.StatusConflict {
+	if res, _, _ := httpDo(http.MethodPost, F.admin+fmt.Sprintf("/__ursula/raft/transfer?group=%d", g), nil, nil); res.StatusCode != http.StatusConflict {
 		t.Fatalf("transfer on a follower: %d", res.StatusCode)
 	}
-	if res, body, _ := httpDo(http.MethodPost, L.url+fmt.Sprintf("/__ursula/raft/transfer?group=%d&to=%d", g, F.id), nil, nil); res.StatusCode != 200 {
+	if res, body, _ := httpDo(http.MethodPost, L.admin+fmt.Sprintf("/__ursula/raft/transfer?group=%d&to=%d", g, F.id), nil, nil); res.StatusCode != 200 {
 		t.Fatalf("transfer: %d %s", res.StatusCode, body)
 	}
 	for deadline := time.Now().Add(5 * time.Second); c.leaderOf(g, F) != F.id; time.Sleep(50 * time.Millisecond) {
@@ -94,7 +94,7 @@ func TestFollowerAnswers(t *testing.T) {
 		}
 	}
 	// Drain: the new leader hands everything away.
-	if res, body, _ := httpDo(http.MethodPost, F.url+"/__ursula/raft/drain", nil, nil); res.StatusCode != 200 {
+	if res, body, _ := httpDo(http.MethodPost, F.admin+"/__ursula/raft/drain", nil, nil); res.StatusCode != 200 {
 		t.Fatalf("drain: %d %s", res.StatusCode, body)
 	}
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {

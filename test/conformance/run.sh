@@ -57,7 +57,7 @@ for mode in $modes; do
       read -r -a cpids <"$cdir/pids"
       pids+=("${cpids[@]}")
       url="http://127.0.0.1:$((base + 1))"
-      test/cluster/lead.sh "$url" 1
+      test/cluster/lead.sh 1 "http://127.0.0.1:$((base + 21))" "http://127.0.0.1:$((base + 22))" "http://127.0.0.1:$((base + 23))"
       ;;
     *) echo "unknown mode $mode" >&2; exit 2 ;;
   esac
