@@ -24,7 +24,8 @@ const CodeAdminRequestNotExplicit = "ADMIN_REQUEST_NOT_EXPLICIT"
 // CodeFlushRateLimited refuses a cold flush of a stream flushed less than a second ago.
 const CodeFlushRateLimited = "FLUSH_RATE_LIMITED"
 
-func isAdminPath(p string) bool {
+// isOpsPath reports the operational paths (/__ursula/...): none of them grants CORS.
+func isOpsPath(p string) bool {
 	return p == "/__ursula" || strings.HasPrefix(p, "/__ursula/")
 }
 

@@ -62,6 +62,13 @@ func (s *Server) adminOnly(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) routeAdmin(w http.ResponseWriter, r *http.Request) {
 	raw := r.URL.EscapedPath()
+	if r.Method == http.MethodOptions {
+		w.WriteHeader(http.StatusNoContent) // no preflight grant, ever
+		return
+	}
+	if r.Method != http.MethodGet && r.Method != http.MethodHead && !s.explicitAdmin(w, r) {
+		return // a mutation a web page could have sent: refused
+	}
 	switch raw {
 	case "/__ursula/ready":
 		s.handleReady(w, r)

@@ -14,7 +14,7 @@ import (
 func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	raw := r.URL.EscapedPath()
 	if r.Method == http.MethodOptions {
-		if isAdminPath(r.URL.Path) {
+		if isOpsPath(r.URL.Path) {
 			// No preflight grant: browsers then never send a cross-site admin mutation.
 			w.WriteHeader(http.StatusNoContent)
 			return

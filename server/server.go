@@ -124,7 +124,7 @@ func (s *Server) commonHeaders(h http.Header, r *http.Request) {
 	h["Ursula-Protocol"] = []string{streamcore.ProtocolVersion}
 	h["Ursula-Cluster-Id"] = []string{s.cfg.ClusterID}
 	h["Cache-Control"] = []string{"no-store"}
-	if !isAdminPath(r.URL.Path) {
+	if !isOpsPath(r.URL.Path) {
 		// Admin routes get no CORS grant: a web page must not drive the node's operations.
 		h["Access-Control-Allow-Origin"] = []string{"*"}
 		h["Access-Control-Expose-Headers"] = []string{"*"}

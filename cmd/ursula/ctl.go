@@ -20,6 +20,7 @@ import (
 	"time"
 
 	raftengine "github.com/ursula-go/ursula/engine/raft"
+	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -135,6 +136,7 @@ func (c *ctl) call(method, rawURL string, out any) error {
 	if err != nil {
 		return err
 	}
+	req.Header.Set(server.HdrAdmin, "1") // admin mutations must be explicit
 	res, err := c.http.Do(req)
 	if err != nil {
 		return err
