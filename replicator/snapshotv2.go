@@ -2,11 +2,14 @@ package replicator
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
 	"math"
+
+	"github.com/ursula-go/ursula/client"
 )
 
 // Snapshot blob version 2: page-addressable. The image is cut into independent zstd
@@ -340,3 +343,31 @@ func EncodeSnapshot(h SnapshotHeader, image []byte) ([]byte, error) {
 	}
 	return w.b, nil
 }
+
+// FetchSnapshot reads the whole snapshot published at off (a stream offset as the
+// protocol writes it), of either version, into dst from offset 0, and returns its header.
+// It is how a lazy reader installs a version 1 snapshot, which has no frames to fetch
+// alone. Damage is a *Error of kind damaged; a failed read is classified as Restore's are.
+func FetchSnapshot(ctx context.Context, c *client.Client, url, off string, dst io.WriterAt) (SnapshotHeader, error) {
+	body, _, err := openSnapshot(ctx, c, url, off)
+	if err != nil {
+		return SnapshotHeader{}, classifyRead(err, "snapshot read")
+	}
+	defer body.Close()
+	h, _, err := readSnapshot(body, dst, maxSnapshotBody, maxSnapshotImage)
+	if errors.Is(err, errBadSnapshot) {
+		return SnapshotHeader{}, newError(KindDamaged, ActionStop, err, "snapshot at %s", off)
+	}
+	if _, ok := err.(*client.Error); ok {
+		return SnapshotHeader{}, classifyRead(err, "snapshot read")
+	}
+	return h, err
+}
+
+// IsDamagedSnapshot reports an error about a snapshot blob's contents (never about the
+// transport).
+func IsDamagedSnapshot(err error) bool { return errors.Is(err, errBadSnapshot) }
+
+// ClassifyRead turns a client error of a stream or snapshot read into the typed *Error
+// the rest of the package returns.
+func ClassifyRead(err error, what string) error { return classifyRead(err, what) }
