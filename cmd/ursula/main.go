@@ -33,11 +33,13 @@ retention, idempotent producers and live reads), the home of replicated SQLite d
 Usage:
   ursula server [--listen ADDR] [--data DIR] [--config FILE] [--engine raft|memory] [--node-id N]
   ursula export <stream-url> <out.db> [--at OFFSET]
+  ursula sql <stream-url> "QUERY" [--at OFFSET|TIME] [--json|--csv]
   ursula help
 
 Commands:
   server   Run the stream server until SIGINT or SIGTERM (graceful: in-flight requests finish).
   export   Write a plain SQLite file of a replicated database, at the tail or at an offset.
+  sql      Query a replicated database without a local copy (pages fetched on demand).
 
 Server flags (flags override the config file):
   --listen ADDR    address to listen on (config server.listen; default 127.0.0.1:4437)
@@ -104,6 +106,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "export":
 		if err := runExport(args[1:], stdout, stderr); err != nil {
 			fmt.Fprintf(stderr, "ursula export: %v\n", err)
+			return 1
+		}
+		return 0
+	case "sql":
+		if err := runSQL(args[1:], stdout, stderr); err != nil {
+			fmt.Fprintf(stderr, "ursula sql: %v\n", err)
 			return 1
 		}
 		return 0
