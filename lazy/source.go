@@ -46,8 +46,8 @@ const DefaultCacheBytes = 64 << 20
 const (
 	defaultReadAhead = 32
 	// prefixGuess is how much of a snapshot the first ranged GET asks for: the header and
-	// the index of a snapshot of up to about 1 GiB of 4 KiB pages.
-	prefixGuess = 256 << 10
+	// index of a database up to about 2 GiB (frames of 64 KiB), then its first frames.
+	prefixGuess = 512 << 10
 	followPoll  = 30 * time.Second
 	maxBackoff  = 5 * time.Second
 )
