@@ -355,7 +355,7 @@ func TestEncodeSnapshotRefuses(t *testing.T) {
 
 func TestDecodeSnapshotDamage(t *testing.T) {
 	h := SnapshotHeader{PageSize: 1024, DBPages: 4, Epoch: 2, Offset: 99}
-	good, err := EncodeSnapshot(h, bytes.Repeat(testPage(1024, 1), 4))
+	good, err := encodeSnapshotV1(h, bytes.Repeat(testPage(1024, 1), 4))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -377,7 +377,7 @@ func TestDecodeSnapshotDamage(t *testing.T) {
 		{"payload cut", good[:len(good)-1], 1 << 20, "payload bytes, blob has"},
 		{"trailing bytes", append(bytes.Clone(good), 0), 1 << 20, "payload bytes, blob has"},
 		{"bad magic", edit(func(b []byte) []byte { b[3] = 'Q'; return b }), 1 << 20, `bad magic "URSQ"`},
-		{"version", edit(func(b []byte) []byte { b[4] = 2; return b }), 1 << 20, "unknown version 2"},
+		{"version", edit(func(b []byte) []byte { b[4] = 3; return b }), 1 << 20, "unknown version 3"},
 		{"reserved", edit(func(b []byte) []byte { b[6] = 1; return b }), 1 << 20, "reserved bytes 000100 are not zero"},
 		{"crc", edit(func(b []byte) []byte { b[50] ^= 1; return b }), 1 << 20, "crc32c mismatch"},
 		{"crc of epoch", edit(func(b []byte) []byte { b[16] ^= 1; return b }), 1 << 20, "crc32c mismatch"},
@@ -515,7 +515,9 @@ func checkDecode(t *testing.T, b []byte) {
 // FuzzDecodeSnapshot decodes arbitrary blobs; with fix set, the length and CRC fields
 // are first made to match.
 func FuzzDecodeSnapshot(f *testing.F) {
-	good, _ := EncodeSnapshot(SnapshotHeader{PageSize: 512, DBPages: 2, Epoch: 3, Offset: 4}, bytes.Repeat(testPage(512, 5), 2))
+	good, _ := encodeSnapshotV1(SnapshotHeader{PageSize: 512, DBPages: 2, Epoch: 3, Offset: 4}, bytes.Repeat(testPage(512, 5), 2))
+	v2, _ := EncodeSnapshot(SnapshotHeader{PageSize: 512, DBPages: 300, Epoch: 3, Offset: 4}, bytes.Repeat(testPage(512, 5), 300))
+	f.Add(v2, false)
 	f.Add(good, false)
 	f.Add(good, true)
 	f.Add(good[:30], false)

@@ -28,10 +28,15 @@ const (
 	snapshotChunk = 1 << 20
 )
 
-// writeSnapshot writes the snapshot blob of the image (h.DBPages*h.PageSize bytes read
+// writeSnapshot writes the snapshot blob (version 2, snapshotv2.go) of the image (h.DBPages*h.PageSize bytes read
 // from image) to w: the compressed image from byte 40 on, then the header at 0, whose
 // crc and length are known only at the end. It returns the blob size.
 func writeSnapshot(w io.WriterAt, h SnapshotHeader, image io.Reader) (int64, error) {
+	return writeSnapshotV2(w, h, image)
+}
+
+// writeSnapshotV1 is writeSnapshot for version 1 blobs, kept for tests of readers.
+func writeSnapshotV1(w io.WriterAt, h SnapshotHeader, image io.Reader) (int64, error) {
 	if err := checkGeometry(h.PageSize, h.DBPages); err != nil {
 		return 0, fmt.Errorf("ursula: encode snapshot: %w", err)
 	}
@@ -106,6 +111,9 @@ func readSnapshot(r io.Reader, dst io.WriterAt, maxBody, maxImage int64) (Snapsh
 			return bad("%d bytes, shorter than the %d byte header", n, snapshotHeaderSize)
 		}
 		return SnapshotHeader{}, 0, err
+	}
+	if [4]byte(b[:4]) == snapshotMagic && b[4] == snapshotVersion2 {
+		return readSnapshotV2(r, b[:], dst, maxBody, maxImage)
 	}
 	h, err := parseSnapshotHeader(b[:])
 	if err != nil {

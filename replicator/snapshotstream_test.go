@@ -64,7 +64,18 @@ func TestSnapshotStreamInterop(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for name, blob := range map[string][]byte{"stream": w.b, "encode": old} {
+		v1, err := encodeSnapshotV1(tc.h, image)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var w1 memAt
+		if _, err := writeSnapshotV1(&w1, tc.h, bytes.NewReader(image)); err != nil {
+			t.Fatal(err)
+		}
+		if gh, gi, err := decodeSnapshot(v1, len(image)); err != nil || gh != tc.h || !bytes.Equal(gi, image) {
+			t.Fatalf("decodeSnapshot of a version 1 blob %+v: %+v, %v", tc.h, gh, err)
+		}
+		for name, blob := range map[string][]byte{"stream": w.b, "encode": old, "version 1": v1, "version 1 stream": w1.b} {
 			var dst memAt
 			gh, n, err := readSnapshot(bytes.NewReader(blob), &dst, maxSnapshotBody, maxSnapshotImage)
 			if err != nil || gh != tc.h || n != int64(len(blob)) || !bytes.Equal(dst.b, image) {
@@ -91,7 +102,7 @@ func (f failReader) Read([]byte) (int, error) { return 0, f.err }
 func TestReadSnapshotDamage(t *testing.T) {
 	h := SnapshotHeader{PageSize: 4096, DBPages: 64, Epoch: 1, Offset: 2}
 	var w memAt
-	if _, err := writeSnapshot(&w, h, bytes.NewReader(streamImage(h, 9))); err != nil {
+	if _, err := writeSnapshotV1(&w, h, bytes.NewReader(streamImage(h, 9))); err != nil {
 		t.Fatal(err)
 	}
 	good := w.b
@@ -155,7 +166,7 @@ func (l *limitAt) WriteAt(p []byte, off int64) (int, error) {
 
 func FuzzReadSnapshot(f *testing.F) {
 	h := SnapshotHeader{PageSize: 512, DBPages: 2, Epoch: 3, Offset: 4}
-	old, _ := EncodeSnapshot(h, bytes.Repeat(testPage(512, 5), 2))
+	old, _ := encodeSnapshotV1(h, bytes.Repeat(testPage(512, 5), 2))
 	var w memAt
 	writeSnapshot(&w, h, bytes.NewReader(bytes.Repeat(testPage(512, 5), 2)))
 	f.Add(old, false)

@@ -35,6 +35,17 @@ type Options struct {
 	// (and Status) report how far it got and why it stopped, if it did.
 	Follow bool
 
+	// Lazy (with ReadOnly) opens the database without a local copy: pages are fetched
+	// from the stream's latest snapshot and log on demand (package lazy), into a page
+	// cache of LazyCacheBytes (0: 64 MiB). With Follow it reads the live tail; a read
+	// transaction keeps the offset it began at.
+	Lazy bool
+	// At (with Lazy) reads the database as of this stream offset, a record boundary;
+	// 0: the tail.
+	At uint64
+	// LazyCacheBytes bounds the page cache of a lazy open; 0: 64 MiB.
+	LazyCacheBytes int64
+
 	followReadBytes int // how much one read of a follower asks for; 0: the server's cap (tests lower it)
 }
 
@@ -44,6 +55,15 @@ type Options struct {
 // server acknowledged it, and an older owner is fenced. A second process on the same file
 // gets an in_use error. Only WAL mode with 4 KiB pages is supported.
 func Open(streamURL string, opts Options) (*sql.DB, error) {
+	if opts.Lazy {
+		if !opts.ReadOnly {
+			return nil, &Error{Kind: replicator.KindInvalidArg, Action: replicator.ActionFix, Message: "a lazy open is read-only: set ReadOnly too"}
+		}
+		return openLazy(streamURL, opts)
+	}
+	if opts.At != 0 {
+		return nil, &Error{Kind: replicator.KindInvalidArg, Action: replicator.ActionFix, Message: "At needs Lazy (a full read-only copy is rebuilt at the tail)"}
+	}
 	if opts.Follow {
 		return openFollower(streamURL, opts)
 	}

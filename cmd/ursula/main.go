@@ -36,6 +36,7 @@ Usage:
   ursula branch <src-url>[@OFFSET|@TIME] <dst-url>
   ursula verify <stream-url> [--every 10m] [--metrics-listen ADDR]
   ursula ctl [--node ADMIN_URL] [--json] status|wait-ready|drain|undrain|transfer|members ...
+  ursula sql <stream-url> "QUERY" [--at OFFSET|TIME] [--json|--csv]
   ursula help
 
 Commands:
@@ -45,6 +46,7 @@ Commands:
   branch   Make a writable copy of a database as it was, as a fork of its stream.
   verify   Rebuild a database from its stream and check it (integrity, replay agreement).
   ctl      Operate a node through its admin listener (ursula ctl help).
+  sql      Query a replicated database without a local copy (pages fetched on demand).
 
 Server flags (flags override the config file):
   --listen ADDR    address to listen on (config server.listen; default 127.0.0.1:4437)
@@ -122,6 +124,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "ctl":
 		return runCtl(args[1:], stdout, stderr)
+	case "sql":
+		if err := runSQL(args[1:], stdout, stderr); err != nil {
+			fmt.Fprintf(stderr, "ursula sql: %v\n", err)
+			return 1
+		}
+		return 0
 	case "server":
 		if err := runServer(args[1:], stderr); err != nil {
 			fmt.Fprintf(stderr, "ursula server: %v\n", err)

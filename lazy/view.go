@@ -1,0 +1,257 @@
+package lazy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/ursula-go/ursula/client"
+	"github.com/ursula-go/ursula/replicator"
+	"github.com/ursula-go/ursula/streamcore"
+)
+
+// View is the database as of one stream offset: what a read transaction sees. Commits
+// indexed after it was taken do not change what it reads.
+type View struct {
+	s        *Source
+	at       uint64
+	base     *base
+	pageSize uint32
+	dbPages  uint32
+}
+
+// View returns the database as of the latest indexed offset.
+func (s *Source) View() *View {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return &View{s: s, at: s.tail, base: s.base, pageSize: s.pageSize, dbPages: s.dbPagesLocked(s.tail)}
+}
+
+// Offset is the stream offset the view reads at.
+func (v *View) Offset() uint64 { return v.at }
+
+// PageSize is the database page size (0 for a stream without any commit).
+func (v *View) PageSize() uint32 { return v.pageSize }
+
+// DBPages is the database size in pages.
+func (v *View) DBPages() uint32 { return v.dbPages }
+
+// ReadPage returns page no (1..DBPages) as of the view's offset. The slice is shared:
+// do not modify it.
+func (v *View) ReadPage(ctx context.Context, no uint32) ([]byte, error) {
+	if no == 0 || no > v.dbPages {
+		return nil, fmt.Errorf("ursula: lazy: page %d is outside 1..%d", no, v.dbPages)
+	}
+	s := v.s
+	s.mu.RLock()
+	if s.err == errClosed {
+		s.mu.RUnlock()
+		return nil, errClosed
+	}
+	// The latest commit at or before the view holding the page, unless the snapshot
+	// folds it in already.
+	offs := s.pages[no]
+	i, _ := slices.BinarySearch(offs, v.at) // offs[i] >= at: the record at v.at is not in the view
+	commit, fromLog := uint64(0), false
+	if i > 0 && (v.base == nil || offs[i-1] >= v.base.h.Offset) {
+		commit, fromLog = offs[i-1], true
+	}
+	end := s.commits[commit]
+	// A commit that shrank the database below the page, after its source, zeroes it.
+	src := commit
+	if !fromLog && v.base != nil {
+		src = v.base.h.Offset
+	}
+	zero := !fromLog && (v.base == nil || no > v.base.h.DBPages)
+	for _, sh := range s.shrinks {
+		if sh.off >= src && sh.off < v.at && sh.pages < no && (!fromLog || sh.off > commit) {
+			zero = true
+		}
+	}
+	s.mu.RUnlock()
+	if zero {
+		return make([]byte, v.pageSize), nil
+	}
+	if fromLog {
+		return s.commitPage(ctx, commit, end, no)
+	}
+	return s.basePage(ctx, v.base, no)
+}
+
+// commitPage returns page no of the commit record [off, end), fetching the record again
+// when the cache no longer holds its pages.
+func (s *Source) commitPage(ctx context.Context, off, end uint64, no uint32) ([]byte, error) {
+	key := cacheKey{kind: fromCommit, off: off, n: no}
+	if p, ok := s.cache.get(key); ok {
+		return p, nil
+	}
+	err := s.once(ctx, cacheKey{kind: fromCommit, off: off}, func() error {
+		var buf []byte
+		for pos := off; pos < end; {
+			s.requests.Add(1)
+			rr, err := s.c.Read(ctx, s.url, client.ReadOptions{Offset: streamcore.FormatOffset(pos), MaxBytes: int(end - pos), IfIncarnation: s.inc})
+			if err != nil {
+				return replicator.ClassifyRead(err, fmt.Sprintf("read of the commit at %d", off))
+			}
+			if len(rr.Data) == 0 {
+				return &replicator.Error{Kind: replicator.KindUnavailable, Action: replicator.ActionRetry,
+					Message: fmt.Sprintf("stream read at %d returned nothing before %d", pos, end)}
+			}
+			s.bytes.Add(int64(len(rr.Data)))
+			buf = append(buf, rr.Data...)
+			pos += uint64(len(rr.Data))
+		}
+		recs, _, err := replicator.DecodeRecords(buf[:min(uint64(len(buf)), end-off)], off, s.opts.MaxFrame)
+		if err != nil || len(recs) != 1 || recs[0].End != end || recs[0].Commit == nil {
+			return &replicator.Error{Kind: replicator.KindDamaged, Action: replicator.ActionStop, Err: err,
+				Message: fmt.Sprintf("the commit at %d does not read back as the one indexed", off)}
+		}
+		for _, p := range recs[0].Commit.Pages {
+			s.cache.put(cacheKey{kind: fromCommit, off: off, n: p.No}, p.Data)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if p, ok := s.cache.peek(key); ok {
+		return p, nil
+	}
+	return nil, fmt.Errorf("ursula: lazy: the commit at %d does not hold page %d", off, no)
+}
+
+// basePage returns page no of the snapshot b.
+func (s *Source) basePage(ctx context.Context, b *base, no uint32) ([]byte, error) {
+	ps := int64(b.h.PageSize)
+	if b.file != nil {
+		p := make([]byte, ps)
+		if _, err := b.file.ReadAt(p, int64(no-1)*ps); err != nil {
+			return nil, err
+		}
+		return p, nil
+	}
+	fi := b.x.FrameOf(no)
+	key := cacheKey{kind: fromFrame, off: b.h.Offset, n: uint32(fi)}
+	first, _ := b.x.FramePages(fi)
+	slice := func(img []byte) []byte {
+		lo := int64(no-first) * ps
+		return img[lo : lo+ps : lo+ps]
+	}
+	if img, ok := s.cache.get(key); ok {
+		return slice(img), nil
+	}
+	n, ahead := s.plan(fi, len(b.x.Frames))
+	err := s.once(ctx, key, func() error { return s.fetchFrames(ctx, b, fi, n) })
+	if err != nil {
+		return nil, err
+	}
+	if ahead > 0 {
+		// Pages read in order: fetch the next run while this one is read.
+		go s.once(context.Background(), cacheKey{kind: fromFrame, off: b.h.Offset, n: uint32(fi + n)}, func() error {
+			return s.fetchFrames(context.Background(), b, fi+n, ahead)
+		})
+	}
+	if img, ok := s.cache.peek(key); ok {
+		return slice(img), nil
+	}
+	return nil, fmt.Errorf("ursula: lazy: frame %d of the snapshot at %d fell out of the cache", fi, b.h.Offset)
+}
+
+// plan decides how many frames from fi a fetch takes, and how many to fetch ahead in
+// the background: one for a lone read; a run of frames read in order doubles up to
+// ReadAhead.
+func (s *Source) plan(fi, frames int) (n, ahead int) {
+	s.seqMu.Lock()
+	defer s.seqMu.Unlock()
+	if fi == s.lastSeq+1 || fi == s.lastSeq {
+		s.run = min(max(2*s.run, 2), s.opts.ReadAhead)
+	} else {
+		s.run = 1
+	}
+	n = min(s.run, frames-fi)
+	if s.run > 1 {
+		ahead = min(s.run, frames-fi-n)
+	}
+	s.lastSeq = fi + n + ahead - 1
+	return n, max(ahead, 0)
+}
+
+// fetchFrames fetches frames [fi, fi+n) of b with one ranged GET and caches them; frames
+// cached already are skipped at the ends of the range.
+func (s *Source) fetchFrames(ctx context.Context, b *base, fi, n int) error {
+	cached := func(i int) bool {
+		_, ok := s.cache.peek(cacheKey{kind: fromFrame, off: b.h.Offset, n: uint32(i)})
+		return ok
+	}
+	lo, hi := fi, min(fi+n, len(b.x.Frames))
+	for lo < hi && cached(lo) {
+		lo++
+	}
+	for hi > lo && cached(hi-1) {
+		hi--
+	}
+	if lo >= hi {
+		return nil
+	}
+	start, last := b.x.Frames[lo], b.x.Frames[hi-1]
+	end := last.Offset + uint64(last.Length)
+	sr, err := s.getSnapshot(ctx, b.off, int64(start.Offset), int64(end))
+	if err != nil {
+		return err
+	}
+	if sr.Digest != b.digest {
+		return superseded(b.off)
+	}
+	if uint64(len(sr.Data)) != end-start.Offset {
+		return damaged(fmt.Errorf("frames %d..%d: %d bytes, the index says %d", lo, hi-1, len(sr.Data), end-start.Offset), b.off)
+	}
+	for i := lo; i < hi; i++ {
+		f := b.x.Frames[i]
+		if err := s.installFrame(b, i, sr.Data[f.Offset-start.Offset:f.Offset-start.Offset+uint64(f.Length)]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Source) installFrame(b *base, i int, data []byte) error {
+	img, err := b.x.DecodeFrame(i, data)
+	if err != nil {
+		return damaged(err, b.off)
+	}
+	s.cache.put(cacheKey{kind: fromFrame, off: b.h.Offset, n: uint32(i)}, img)
+	return nil
+}
+
+// flight is one fetch in progress; others wanting the same key wait for it.
+type flight struct {
+	done chan struct{}
+	err  error
+}
+
+// once runs fetch unless a fetch of key is in flight, in which case it waits for that one.
+func (s *Source) once(ctx context.Context, key cacheKey, fetch func() error) error {
+	s.flightMu.Lock()
+	if f, ok := s.inflight[key]; ok {
+		s.flightMu.Unlock()
+		select {
+		case <-f.done:
+			return f.err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	f := &flight{done: make(chan struct{})}
+	s.inflight[key] = f
+	s.flightMu.Unlock()
+	f.err = fetch()
+	s.flightMu.Lock()
+	delete(s.inflight, key)
+	s.flightMu.Unlock()
+	close(f.done)
+	return f.err
+}
+
+// IsSuperseded reports a read that failed because the snapshot it needed was replaced.
+func IsSuperseded(err error) bool { return errors.Is(err, ErrSuperseded) }

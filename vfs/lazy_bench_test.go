@@ -1,0 +1,162 @@
+package vfs
+
+import (
+	"context"
+	"database/sql"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ursula-go/ursula/client"
+	"github.com/ursula-go/ursula/replicator"
+	"github.com/ursula-go/ursula/streamcore"
+)
+
+// countingTransport counts the response bytes it reads.
+type countingTransport struct {
+	n atomic.Int64
+}
+
+func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := http.DefaultTransport.RoundTrip(r)
+	if err == nil {
+		resp.Body = &countingBody{ReadCloser: resp.Body, n: &c.n}
+	}
+	return resp, err
+}
+
+type countingBody struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n.Add(int64(n))
+	return n, err
+}
+
+// BenchmarkLazyOpen compares, on one database of URSULA_BENCH_LAZY_MB MiB (default 64)
+// with a snapshot, the first point lookup after a lazy open with the same lookup after a
+// full download, and the bytes each fetched; then 100 random point lookups (lazy) and a
+// full scan (lazy).
+func BenchmarkLazyOpen(b *testing.B) {
+	quiet(b)
+	mb := 64
+	if s := os.Getenv("URSULA_BENCH_LAZY_MB"); s != "" {
+		mb, _ = strconv.Atoi(s)
+	}
+	streamURL := startServer(b) + "/bench/lazy"
+	dir := b.TempDir()
+	owner, err := Open(streamURL, Options{Path: filepath.Join(dir, "owner.db")})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := owner.Exec(`CREATE TABLE kv(id INTEGER PRIMARY KEY, v BLOB)`); err != nil {
+		b.Fatal(err)
+	}
+	rows := mb << 10 // about 1 KiB a row
+	for lo := 0; lo < rows; lo += 4000 {
+		if _, err := owner.Exec(`INSERT INTO kv(id, v) SELECT value, hex(randomblob(300)) || zeroblob(300) FROM generate_series(?, ?)`, lo+1, min(lo+4000, rows)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	plain, _ := client.New("")
+	// The owner publishes a snapshot itself once the log outgrows the database (in parts
+	// when it is large); wait for it a while, else publish one here.
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if info, err := plain.Head(ctx, streamURL); err == nil && info.SnapshotOffset != "" {
+			break
+		}
+	}
+	owner.Close()
+	info, err := plain.Head(ctx, streamURL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	snapPath := filepath.Join(dir, "snap.db")
+	img, err := replicator.Restore(ctx, plain, streamURL, snapPath, 0, streamcore.MaxRequestBytes, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if info.SnapshotOffset == "" {
+		image, _ := os.ReadFile(snapPath)
+		blob, err := replicator.EncodeSnapshot(replicator.SnapshotHeader{PageSize: img.PageSize, DBPages: img.DBPages, Epoch: img.Epoch, Offset: img.Tail}, image)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := plain.PublishSnapshot(ctx, streamURL, streamcore.FormatOffset(img.Tail), "application/octet-stream", blob); err != nil {
+			b.Fatal(err)
+		}
+	}
+	dbBytes := float64(img.DBPages) * float64(img.PageSize)
+	b.ResetTimer()
+	for range b.N {
+		// Full download, then the lookup.
+		full := &countingTransport{}
+		fc, _ := client.New("", client.WithHTTPClient(&http.Client{Transport: full}))
+		start := time.Now()
+		path := filepath.Join(dir, "full.db")
+		if _, err := replicator.Restore(ctx, fc, streamURL, path, 0, streamcore.MaxRequestBytes, nil); err != nil {
+			b.Fatal(err)
+		}
+		fdb := fullOpen(b, path)
+		var v []byte
+		if err := fdb.QueryRow(`SELECT v FROM kv WHERE id = ?`, rows/2).Scan(&v); err != nil {
+			b.Fatal(err)
+		}
+		fullFirst := time.Since(start)
+		fdb.Close()
+		// Lazy open, then the same lookup.
+		lz := &countingTransport{}
+		lc, _ := client.New("", client.WithHTTPClient(&http.Client{Transport: lz}))
+		start = time.Now()
+		ldb, err := Open(streamURL, Options{ReadOnly: true, Lazy: true, Client: lc})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := ldb.QueryRow(`SELECT v FROM kv WHERE id = ?`, rows/2).Scan(&v); err != nil {
+			b.Fatal(err)
+		}
+		lazyFirst := time.Since(start)
+		lazyFirstBytes := lz.n.Load()
+		rng := rand.New(rand.NewPCG(1, 2))
+		for range 100 {
+			if err := ldb.QueryRow(`SELECT v FROM kv WHERE id = ?`, 1+rng.IntN(rows)).Scan(&v); err != nil {
+				b.Fatal(err)
+			}
+		}
+		lookupBytes := lz.n.Load()
+		start = time.Now()
+		var n int
+		if err := ldb.QueryRow(`SELECT count(*) FROM kv WHERE length(v) > 0`).Scan(&n); err != nil || n != rows {
+			b.Fatalf("scan: %d rows, %v", n, err)
+		}
+		scan := time.Since(start)
+		ldb.Close()
+		b.ReportMetric(float64(fullFirst.Milliseconds()), "full-first-ms")
+		b.ReportMetric(float64(full.n.Load())/dbBytes*100, "full-fetched-%")
+		b.ReportMetric(float64(lazyFirst.Milliseconds()), "lazy-first-ms")
+		b.ReportMetric(float64(lazyFirstBytes)/dbBytes*100, "lazy-first-fetched-%")
+		b.ReportMetric(float64(lookupBytes)/dbBytes*100, "lazy-100-lookups-fetched-%")
+		b.ReportMetric(float64(scan.Milliseconds()), "lazy-scan-ms")
+		b.ReportMetric(dbBytes/(1<<20), "db-MiB")
+	}
+}
+
+// fullOpen opens a restored file read-only.
+func fullOpen(b *testing.B, path string) *sql.DB {
+	db, err := sql.Open("sqlite3", "file:"+(&url.URL{Path: path}).EscapedPath()+"?immutable=1")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return db
+}
