@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/csv"
 	"encoding/hex"
 	"encoding/json"
@@ -13,6 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/replicator"
 	"github.com/ursula-go/ursula/streamcore"
 	"github.com/ursula-go/ursula/vfs"
@@ -56,7 +58,7 @@ func runSQL(args []string, stdout, stderr io.Writer) error {
 	if err := replicator.CheckURL(url); err != nil {
 		return err
 	}
-	offset, err := parseAt(*at)
+	offset, err := resolveAt(context.Background(), url, *at, stderr)
 	if err != nil {
 		return err
 	}
@@ -98,9 +100,10 @@ func runSQL(args []string, stdout, stderr io.Writer) error {
 	return printTable(stdout, cols, table)
 }
 
-// parseAt reads --at: a stream offset (the 20-digit form or a plain number). A time is
-// refused plainly: commit records carry no commit time to find it by yet.
-func parseAt(s string) (uint64, error) {
+// resolveAt reads --at: "" is the tail; a stream offset (the 20-digit form or a plain
+// number) is taken as given; anything else (an RFC 3339 time, "-10m") is resolved through
+// the stream's history to the last commit at or before it, which is named on stderr.
+func resolveAt(ctx context.Context, url, s string, stderr io.Writer) (uint64, error) {
 	if s == "" {
 		return 0, nil
 	}
@@ -110,12 +113,20 @@ func parseAt(s string) (uint64, error) {
 	if o, err := strconv.ParseUint(s, 10, 64); err == nil {
 		return o, nil
 	}
-	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02 15:04:05", "2006-01-02"} {
-		if _, err := time.Parse(layout, s); err == nil {
-			return 0, fmt.Errorf("--at %s: a time needs commit times in the stream's records, which this stream format does not carry yet; give a stream offset", s)
-		}
+	c, err := client.New("")
+	if err != nil {
+		return 0, err
 	}
-	return 0, fmt.Errorf("--at %q is neither a stream offset nor a time", s)
+	h, err := replicator.ReadHistory(ctx, c, url, streamcore.MaxRequestBytes, nil)
+	if err != nil {
+		return 0, err
+	}
+	p, err := h.Resolve(s, time.Now())
+	if err != nil {
+		return 0, fmt.Errorf("--at %s: %w", s, err)
+	}
+	fmt.Fprintf(stderr, "as of %s\n", describePoint(p))
+	return p.Offset, nil
 }
 
 // text renders a value for the table and CSV; null says how NULL looks.

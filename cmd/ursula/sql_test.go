@@ -3,23 +3,21 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
-	"github.com/ursula-go/ursula/engine"
-	"github.com/ursula-go/ursula/server"
+	"github.com/ursula-go/ursula/internal/testserver"
+
 	"github.com/ursula-go/ursula/streamcore"
 	"github.com/ursula-go/ursula/vfs"
 )
 
 // TestSQL: `ursula sql` answers a query at the tail and at an earlier offset, as a
-// table, JSON or CSV, and refuses a time it cannot resolve with a clear error.
+// table, JSON or CSV, and at a time (the last commit at or before it), refusing one before the history.
 func TestSQL(t *testing.T) {
-	eng := engine.NewMemory(0)
-	ts := httptest.NewServer(server.New(eng, server.Config{ClusterID: "sql-test"}))
-	defer func() { ts.Close(); eng.Close() }()
+	ts := testserver.Start(t, testserver.Options{ClusterID: "sql-test"})
 	url := ts.URL + "/sqlt/db"
 	path := filepath.Join(t.TempDir(), "owner.db")
 	owner, err := vfs.Open(url, vfs.Options{Path: path})
@@ -66,8 +64,13 @@ func TestSQL(t *testing.T) {
 		t.Fatalf("csv: %q", csv)
 	}
 	var out, errb bytes.Buffer
-	if code := run([]string{"sql", url, `SELECT 1`, "--at", "2024-01-02T03:04:05Z"}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "commit times") {
-		t.Fatalf("--at TIME: exit %d, %s", code, errb.String())
+	// A time before the first commit names the earliest restorable commit; a time after
+	// the commits resolves to the tail.
+	if code := run([]string{"sql", url, `SELECT 1`, "--at", "2024-01-02T03:04:05Z"}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "earliest") {
+		t.Fatalf("--at a time before the history: exit %d, %s", code, errb.String())
+	}
+	if got := runOK(url, `SELECT count(*) AS n FROM t`, "--csv", "--at", time.Now().Add(time.Hour).UTC().Format(time.RFC3339)); got != "n\n3\n" {
+		t.Fatalf("--at a time after the last commit: %q", got)
 	}
 	if code := run([]string{"sql", url, `DELETE FROM t`}, &out, &errb); code != 1 {
 		t.Fatalf("a write through ursula sql: exit %d", code)
