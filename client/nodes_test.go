@@ -10,9 +10,9 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/ursula-go/ursula/internal/testserver"
+
 	"github.com/ursula-go/ursula/client"
-	"github.com/ursula-go/ursula/engine"
-	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -77,11 +77,9 @@ func deadAddr(t *testing.T) string {
 	return addr
 }
 
-func realNode(t *testing.T, clusterID string) *httptest.Server {
-	eng := engine.NewMemory(0)
-	ts := httptest.NewServer(server.New(eng, server.Config{ClusterID: clusterID}))
-	t.Cleanup(func() { ts.Close(); eng.Close() })
-	return ts
+// realNode is a real server on loopback, as a node of cluster clusterID.
+func realNode(t *testing.T, clusterID string) *testserver.Server {
+	return testserver.Start(t, testserver.Options{ClusterID: clusterID})
 }
 
 // notLeader answers every request but a HEAD as a follower that names leader: 307 to the
@@ -104,7 +102,8 @@ func notLeader(t *testing.T, clusterID, leader string, hits *atomic.Int32) *http
 	return ts
 }
 
-func host(ts *httptest.Server) string { return strings.TrimPrefix(ts.URL, "http://") }
+// host is the host:port of a base URL.
+func host(base string) string { return strings.TrimPrefix(base, "http://") }
 
 // TestNodeListRoutes: a node that cannot be reached is skipped, a NotLeader redirect to a
 // node of the list is followed, and later requests go straight to the leader.
@@ -112,7 +111,7 @@ func TestNodeListRoutes(t *testing.T) {
 	leader := realNode(t, "c1")
 	var followerHits atomic.Int32
 	follower := notLeader(t, "c1", leader.URL, &followerHits)
-	u := "http://" + deadAddr(t) + "," + host(follower) + "," + host(leader) + "/bucket/s"
+	u := "http://" + deadAddr(t) + "," + host(follower.URL) + "," + host(leader.URL) + "/bucket/s"
 	c, err := client.New("", client.WithToken("secret"))
 	if err != nil {
 		t.Fatal(err)
@@ -151,7 +150,7 @@ func TestNodeListRefusesForeignRedirect(t *testing.T) {
 	var hits atomic.Int32
 	liar := notLeader(t, "c1", foreign.URL, &hits)
 	member := realNode(t, "c1")
-	u := "http://" + host(liar) + "," + host(member) + "/bucket/s"
+	u := "http://" + host(liar.URL) + "," + host(member.URL) + "/bucket/s"
 	c, _ := client.New("", client.WithToken("secret"))
 	ctx := context.Background()
 	_, err := c.Append(ctx, u, []byte("x"), client.AppendOptions{ContentType: "text/plain", Producer: &client.ProducerKey{ID: "w", Epoch: 1}, Digest: true})
@@ -172,7 +171,7 @@ func TestNodeListRefusesForeignRedirect(t *testing.T) {
 // contact, before any write goes out.
 func TestNodeListMixedClusters(t *testing.T) {
 	a, b := realNode(t, "cluster-a"), realNode(t, "cluster-b")
-	u := "http://" + host(a) + "," + host(b) + "/bucket/s"
+	u := "http://" + host(a.URL) + "," + host(b.URL) + "/bucket/s"
 	c, _ := client.New("")
 	ctx := context.Background()
 	_, err := c.Create(ctx, u, client.CreateOptions{ContentType: "text/plain"})
@@ -180,7 +179,7 @@ func TestNodeListMixedClusters(t *testing.T) {
 	if !errors.As(err, &ue) || !strings.Contains(ue.Reason, "different clusters") {
 		t.Fatalf("create over mixed clusters: %v", err)
 	}
-	for _, ts := range []*httptest.Server{a, b} {
+	for _, ts := range []*testserver.Server{a, b} {
 		if _, err := c.Head(ctx, ts.URL+"/bucket/s"); err == nil {
 			t.Fatalf("%s holds the stream", ts.URL)
 		}

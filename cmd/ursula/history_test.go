@@ -4,17 +4,16 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ursula-go/ursula/internal/testserver"
+
 	"github.com/ursula-go/ursula/client"
-	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/replicator"
-	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/streamcore"
 	"github.com/ursula-go/ursula/vfs"
 )
@@ -23,9 +22,7 @@ import (
 // on it with n committed rows; offsets[i] is the offset after the commit of row i.
 func historyServer(t *testing.T, n int) (base string, url string, owner *sql.DB, ownerPath string, offsets []uint64) {
 	t.Helper()
-	eng := engine.NewMemory(0)
-	ts := httptest.NewServer(server.New(eng, server.Config{ClusterID: "history-test"}))
-	t.Cleanup(func() { ts.Close(); eng.Close() })
+	ts := testserver.Start(t, testserver.Options{ClusterID: "history-test"})
 	url = ts.URL + "/hist/db"
 	ownerPath = filepath.Join(t.TempDir(), "owner.db")
 	owner, err := vfs.Open(url, vfs.Options{Path: ownerPath})
