@@ -144,11 +144,19 @@ func snapshotHeader(ctx context.Context, c *client.Client, url, off string) (Sna
 		return SnapshotHeader{}, 0, classifyRead(err, "snapshot read")
 	}
 	defer body.Close()
-	var head [snapshotHeaderSize]byte
-	if _, err := io.ReadFull(body, head[:]); err != nil {
+	head := make([]byte, snapshotHeaderSize, snapshotV2HeaderSize)
+	if _, err := io.ReadFull(body, head); err != nil {
 		return SnapshotHeader{}, 0, newError(KindDamaged, ActionStop, err, "snapshot at %s: header cut short", off)
 	}
-	sh, err := parseSnapshotHeader(head[:])
+	var sh SnapshotHeader
+	if [4]byte(head[:4]) == snapshotMagic && head[4] == snapshotVersion2 {
+		head = head[:snapshotV2HeaderSize] // version 2: a longer header
+		if _, err = io.ReadFull(body, head[snapshotHeaderSize:]); err == nil {
+			sh, _, _, err = parseV2Header(head)
+		}
+	} else {
+		sh, err = parseSnapshotHeader(head)
+	}
 	if err != nil {
 		return SnapshotHeader{}, 0, newError(KindDamaged, ActionStop, err, "snapshot at %s", off)
 	}
