@@ -31,6 +31,10 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		s.handleRaftAdmin(w, r, raw)
 		return
 	}
+	if strings.HasPrefix(raw, backupPrefix) {
+		s.handleBackup(w, r, raw)
+		return
+	}
 	if strings.HasPrefix(raw, "/__ursula/flush-cold/") {
 		s.handleFlushCold(w, r, raw)
 		return
