@@ -36,6 +36,7 @@ Usage:
   ursula log <stream-url> [--json]
   ursula branch <src-url>[@OFFSET|@TIME] <dst-url>
   ursula verify <stream-url> [--every 10m] [--metrics-listen ADDR]
+  ursula backup create --from URL --to DIR|s3://bucket/prefix | verify DIR | restore DIR --to URL
   ursula help
 
 Commands:
@@ -44,6 +45,7 @@ Commands:
   log      List a database's retained commits and snapshots with their times.
   branch   Make a writable copy of a database as it was, as a fork of its stream.
   verify   Rebuild a database from its stream and check it (integrity, replay agreement).
+  backup   Back up every stream of a node or cluster, check a backup, restore it elsewhere.
 
 Server flags (flags override the config file):
   --listen ADDR    address to listen on (config server.listen; default 127.0.0.1:4437)
