@@ -33,6 +33,8 @@ type view struct {
 	pin       any                // keeps the blocks behind data mapped (streamcore.Buffer.Pin)
 	cold      *coldtier.ReadPlan // bytes below the hot buffer, fetched after the View
 	hotStart  uint64             // first offset still in the hot tier
+	prevInc   uint64             // history rewrite: the token before it (0 = none)
+	inherited uint64             // history rewrite: the tail kept then
 }
 
 func (v *view) isJSON() bool { return streamcore.IsJSON(v.ct) }
@@ -125,7 +127,7 @@ func (s *Server) look(t *target, off streamcore.ReadOffset, maxBytes uint64, inc
 		}
 		v = &view{ct: str.ContentType, inc: str.Incarnation, tail: str.Tail(), retained: str.Retained,
 			closed: str.Closed, ttl: str.TTL, expiresAt: str.ExpiresAt, snap: str.Snapshot, renew: str.ReadRenewalDue(now),
-			hotStart: str.Data.Base()}
+			hotStart: str.Data.Base(), prevInc: str.PreviousIncarnation, inherited: str.InheritedOffset}
 		switch {
 		case off.Now:
 			v.start = v.tail

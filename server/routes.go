@@ -33,6 +33,10 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		s.handleMetricsProm(w, r)
 		return
 	}
+	if strings.HasPrefix(raw, backupPrefix) {
+		s.handleBackup(w, r, raw)
+		return
+	}
 	if isAdminPath(raw) {
 		s.adminOnly(w, r)
 		return

@@ -333,6 +333,10 @@ func (s *Server) handleHead(w http.ResponseWriter, r *http.Request, t *target) {
 	h.Set(streamcore.HdrRetainedOffset, streamcore.FormatOffset(v.retained))
 	s.cold.HeadHeaders(h, max(v.hotStart, v.retained))
 	h.Set(streamcore.HdrIncarnation, u64(v.inc))
+	if v.prevInc != 0 {
+		h.Set(streamcore.HdrPreviousIncarnation, u64(v.prevInc))
+		h.Set(streamcore.HdrInheritedOffset, streamcore.FormatOffset(v.inherited))
+	}
 	h.Set(streamcore.HdrMaxRequestBytes, strconv.Itoa(streamcore.MaxRequestBytes))
 	if v.closed {
 		h.Set(streamcore.HdrStreamClosed, "true")

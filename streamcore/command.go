@@ -14,6 +14,9 @@ const (
 	// IfIncarnation are stored in the cold object ChunkKey and trims them from the hot
 	// buffer. Offset must be the stream's current hot start.
 	OpRecordChunk
+	// OpRestoreStream installs a stream from a backup as a history rewrite: Body is the
+	// stream encoded by EncodeStream, NewIncarnation its new token (see restore.go).
+	OpRestoreStream
 )
 
 func (o Op) String() string {
@@ -32,6 +35,8 @@ func (o Op) String() string {
 		return "retain"
 	case OpRecordChunk:
 		return "record_chunk"
+	case OpRestoreStream:
+		return "restore_stream"
 	}
 	return "unknown"
 }

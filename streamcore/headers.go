@@ -24,6 +24,9 @@ const (
 	HdrSSEEncoding     = "Stream-Sse-Data-Encoding"
 	HdrRecordMatch     = "Stream-Record-Match"
 
+	HdrPreviousIncarnation = "Stream-Previous-Incarnation"
+	HdrInheritedOffset     = "Stream-Inherited-Offset"
+
 	HdrForkedFrom    = "Stream-Forked-From"
 	HdrForkOffset    = "Stream-Fork-Offset"
 	HdrForkSubOffset = "Stream-Fork-Sub-Offset"

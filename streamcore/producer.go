@@ -21,6 +21,11 @@ type Producer struct {
 	Newest Receipt
 
 	AboveFloor bool // opened above the stream's epoch floor
+
+	// HistoryClosed: the stream's history was rewritten (a restore) since Epoch was
+	// claimed. Repeats of writes up to LastSeq keep their receipts; nothing newer of this
+	// epoch applies.
+	HistoryClosed bool
 }
 
 // Receipt records where an applied producer write landed.
@@ -141,6 +146,11 @@ func (s *Stream) producerCheck(c *Command) (*producerWrite, *Result) {
 		return &producerWrite{p: p, claim: true}, nil
 	}
 	// Same epoch.
+	if p.HistoryClosed && ph.Seq > p.LastSeq {
+		r := fail(producer403("epoch-closed;by=history", CodeEpochClosed, "the stream's history was rewritten since this epoch was claimed; claim a later epoch", p.Epoch).
+			With(HdrProducerClosedEpoch, u(p.Epoch)).With(HdrProducerClosedSeq, u(p.LastSeq)))
+		return nil, &r
+	}
 	switch {
 	case ph.Seq == p.LastSeq+1:
 		return &producerWrite{p: p}, nil
@@ -197,6 +207,7 @@ func (s *Stream) producerApply(c *Command, pw *producerWrite, start, end uint64,
 			}
 		}
 		p.ClaimDigest = ph.Digest
+		p.HistoryClosed = false
 	}
 	p.Epoch, p.LastSeq, p.LastSeen = ph.Epoch, ph.Seq, c.Now
 	rc := Receipt{Producer: ph.ID, Epoch: ph.Epoch, Seq: ph.Seq, Digest: ph.Digest, Start: start, End: end, Closed: c.Close}

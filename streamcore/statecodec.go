@@ -24,7 +24,7 @@ import (
 
 const (
 	commandCodecVersion = 1
-	stateCodecVersion   = 1
+	stateCodecVersion   = 2 // 2 added the history-rewrite fields; 1 still decodes
 )
 
 // ErrCodec reports a malformed encoded command or state.
@@ -50,6 +50,7 @@ func b2u(v bool) byte {
 type decoder struct {
 	b   []byte
 	err error
+	ver uint8 // state codec version being decoded
 }
 
 func (d *decoder) fail() {
@@ -317,8 +318,8 @@ func WriteState(w io.Writer, st *State) error {
 // ReadState decodes a state written by WriteState.
 func ReadState(b []byte) (*State, error) {
 	d := decoder{b: b}
-	if v := d.byte(); v != stateCodecVersion {
-		return nil, fmt.Errorf("%w: state codec version %d", ErrCodec, v)
+	if d.ver = d.byte(); d.ver != stateCodecVersion && d.ver != 1 {
+		return nil, fmt.Errorf("%w: state codec version %d", ErrCodec, d.ver)
 	}
 	st := NewState()
 	for range d.count() {
@@ -390,6 +391,8 @@ func (e *encoder) stream(s *Stream) {
 		e.u(ch.Start)
 		e.u(ch.End)
 	}
+	e.u(s.PreviousIncarnation)
+	e.u(s.InheritedOffset)
 }
 
 // heldStart is the offset of the first byte the buffer still holds (Base when empty).
@@ -448,6 +451,10 @@ func (d *decoder) stream() *Stream {
 			s.Chunks[i] = ColdChunk{Key: d.s(), Start: d.u(), End: d.u()}
 		}
 	}
+	if d.ver >= 2 {
+		s.PreviousIncarnation = d.u()
+		s.InheritedOffset = d.u()
+	}
 	return s
 }
 
@@ -461,13 +468,18 @@ func (e *encoder) producer(p *Producer) {
 	e.s(p.ClaimDigest)
 	e.receipt(&p.Newest)
 	e.bool(p.AboveFloor)
+	e.bool(p.HistoryClosed)
 }
 
 func (d *decoder) producer() *Producer {
 	// Composite literal fields are evaluated left to right, in the encoder's order.
-	return &Producer{Epoch: d.u(), LastSeq: d.u(), LastSeen: d.i(), ClosedEpoch: d.u(),
+	p := &Producer{Epoch: d.u(), LastSeq: d.u(), LastSeen: d.i(), ClosedEpoch: d.u(),
 		ClosedSeq: d.u(), HasClosed: d.bool(), ClaimDigest: d.s(), Newest: d.receipt(),
 		AboveFloor: d.bool()}
+	if d.ver >= 2 {
+		p.HistoryClosed = d.bool()
+	}
+	return p
 }
 
 func (e *encoder) receipt(r *Receipt) {

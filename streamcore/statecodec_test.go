@@ -18,10 +18,10 @@ var codecFields = map[reflect.Type][]string{
 	reflect.TypeFor[ForkSpec]():        {"Source", "Offset", "HasOffset", "SubOffset"},
 	reflect.TypeFor[Error]():           {"Status", "Code", "Message", "Headers"},
 	reflect.TypeFor[State]():           {"Streams", "Buckets", "Peer"},
-	reflect.TypeFor[Stream]():          {"Key", "ContentType", "TTL", "ExpiresAt", "ExpiresAtMs", "Closed", "Incarnation", "CreatedMs", "RenewedMs", "Retained", "Data", "Appends", "StreamSeq", "Producers", "Receipts", "EpochFloor", "HasEpochFloor", "Snapshot", "Fork", "ForkRefs", "SoftDeleted", "closedByRecord", "Chunks"},
+	reflect.TypeFor[Stream]():          {"Key", "ContentType", "TTL", "ExpiresAt", "ExpiresAtMs", "Closed", "Incarnation", "CreatedMs", "RenewedMs", "Retained", "Data", "Appends", "StreamSeq", "Producers", "Receipts", "EpochFloor", "HasEpochFloor", "Snapshot", "Fork", "ForkRefs", "SoftDeleted", "closedByRecord", "Chunks", "PreviousIncarnation", "InheritedOffset"},
 	reflect.TypeFor[Snapshot]():        {"Offset", "ContentType", "Digest", "Body", "ColdKey", "Size"},
 	reflect.TypeFor[ColdChunk]():       {"Key", "Start", "End"},
-	reflect.TypeFor[Producer]():        {"Epoch", "LastSeq", "LastSeen", "ClosedEpoch", "ClosedSeq", "HasClosed", "ClaimDigest", "Newest", "AboveFloor"},
+	reflect.TypeFor[Producer]():        {"Epoch", "LastSeq", "LastSeen", "ClosedEpoch", "ClosedSeq", "HasClosed", "ClaimDigest", "Newest", "AboveFloor", "HistoryClosed"},
 	reflect.TypeFor[Receipt]():         {"Producer", "Epoch", "Seq", "Digest", "Start", "End", "Closed"},
 	reflect.TypeFor[ReceiptWindow]():   {"ring", "next", "index"},
 	reflect.TypeFor[Buffer]():          {"base", "end", "blocks", "starts", "arenas"},
@@ -85,6 +85,10 @@ func richState(t *testing.T) *State {
 	must(&Command{Op: OpRecordChunk, Key: "b/json", Now: now + 7100, IfIncarnation: 11, Offset: 0, ChunkEnd: 100, ChunkKey: "chunks/1"})
 	must(&Command{Op: OpPublishSnapshot, Key: "b/json", Now: now + 7101, Offset: 0, SnapshotType: "text/plain", SnapshotDigest: "d2", SnapshotColdKey: "snaps/1", SnapshotSize: 77})
 	must(&Command{Op: OpCreate, Key: "c/closed", Now: now, TTL: -1, ContentType: "text/plain", NewIncarnation: 15, Body: []byte("bye"), Close: true})
+	// A restore from backup: history fields and history-closed producers.
+	restored := CaptureState(st).Streams["b/bin"]
+	must(&Command{Op: OpDelete, Key: "b/bin", Now: now + 8000})
+	must(&Command{Op: OpRestoreStream, Key: "b/bin", Now: now + 8001, NewIncarnation: 16, Body: EncodeStream(restored)})
 	if !st.Streams["b/fork"].SoftDeleted || st.Streams["b/json"].ForkRefs != 1 {
 		t.Fatal("fixture: soft delete did not happen")
 	}

@@ -34,6 +34,11 @@ type Stream struct {
 	// order and contiguous: they cover [Chunks[0].Start, Data.Base()). Retention drops
 	// the chunks wholly below it. A fork shares its source's chunks below the fork point.
 	Chunks []ColdChunk
+	// PreviousIncarnation and InheritedOffset report the last history rewrite (a restore
+	// from backup): the token the stream had before it and the tail it kept then. Zero
+	// when the stream has not been through a rewrite since it was created.
+	PreviousIncarnation uint64
+	InheritedOffset     uint64
 }
 
 // ColdChunk is one cold object holding the stream bytes [Start, End).
@@ -215,6 +220,8 @@ func (st *State) Apply(c *Command) Result {
 		return st.retain(c)
 	case OpRecordChunk:
 		return st.recordChunk(c)
+	case OpRestoreStream:
+		return st.restoreStream(c)
 	}
 	return fail(Errorf(http.StatusBadRequest, CodeInvalidRequest, "unknown command"))
 }

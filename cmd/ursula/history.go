@@ -133,5 +133,6 @@ func databaseCommands() map[string]func(args []string, stdout, stderr io.Writer)
 		"log":    runLog,
 		"branch": runBranch,
 		"verify": runVerify,
+		"backup": runBackup,
 	}
 }

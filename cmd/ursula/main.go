@@ -37,6 +37,7 @@ Usage:
   ursula verify <stream-url> [--every 10m] [--metrics-listen ADDR]
   ursula ctl [--node ADMIN_URL] [--json] status|wait-ready|drain|undrain|transfer|members ...
   ursula sql <stream-url> "QUERY" [--at OFFSET|TIME] [--json|--csv]
+  ursula backup create --from URL --to DIR|s3://bucket/prefix | verify DIR | restore DIR --to URL
   ursula help
 
 Commands:
@@ -47,6 +48,7 @@ Commands:
   verify   Rebuild a database from its stream and check it (integrity, replay agreement).
   ctl      Operate a node through its admin listener (ursula ctl help).
   sql      Query a replicated database without a local copy (pages fetched on demand).
+  backup   Back up every stream of a node or cluster, check a backup, restore it elsewhere.
 
 Server flags (flags override the config file):
   --listen ADDR    address to listen on (config server.listen; default 127.0.0.1:4437)
