@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ursula-go/ursula/auth"
 	"github.com/ursula-go/ursula/coldtier"
 	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/streamcore"
@@ -28,6 +29,11 @@ type Config struct {
 	MaxLiveReaders int           // long-poll + SSE readers per node (503 above it)
 	SSEMaxIdle     time.Duration // close idle SSE connections after this (0 = never)
 	Logger         *slog.Logger
+	// Auth authenticates and authorizes requests (guard.go); nil lets every request in.
+	Auth *auth.Authorizer
+	// CORSAllowedOrigins lists the origins browsers may read from ("*": all). nil: every
+	// origin without Auth, none with it.
+	CORSAllowedOrigins []string
 }
 
 // Server answers the protocol over HTTP on top of an Engine.
@@ -97,7 +103,7 @@ type target struct {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rw := &statusWriter{ResponseWriter: w}
-	s.commonHeaders(rw.Header())
+	s.commonHeaders(rw.Header(), r)
 	defer func() {
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler {
@@ -113,12 +119,17 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.route(rw, r)
 }
 
-func (s *Server) commonHeaders(h http.Header) {
+func (s *Server) commonHeaders(h http.Header, r *http.Request) {
 	h["Ursula-Protocol"] = []string{streamcore.ProtocolVersion}
 	h["Ursula-Cluster-Id"] = []string{s.cfg.ClusterID}
 	h["Cache-Control"] = []string{"no-store"}
-	h["Access-Control-Allow-Origin"] = []string{"*"}
-	h["Access-Control-Expose-Headers"] = []string{"*"}
+	if o := s.corsOrigin(r.Header.Get("Origin")); o != "" {
+		h["Access-Control-Allow-Origin"] = []string{o}
+		h["Access-Control-Expose-Headers"] = []string{"*"}
+		if o != "*" {
+			h["Vary"] = []string{"Origin"}
+		}
+	}
 	h["X-Content-Type-Options"] = []string{"nosniff"}
 	h["Cross-Origin-Resource-Policy"] = []string{"cross-origin"}
 }
