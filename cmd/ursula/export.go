@@ -11,17 +11,18 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/replicator"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
-const exportUsage = `Usage: ursula export <stream-url> <out.db> [--at OFFSET]
+const exportUsage = `Usage: ursula export <stream-url> <out.db> [--at OFFSET] [--token-file F] [--ca-file F]
 
 Writes a plain, self-contained SQLite file of the replicated database held by the
 stream: at its tail, or as it was at OFFSET (a 20-digit stream offset at a commit
 boundary that the stream still retains: point-in-time export). Nothing is claimed: the
-owner keeps writing undisturbed. out.db is replaced atomically.
+owner keeps writing undisturbed. out.db is replaced atomically. --token-file and --ca-file
+(default $URSULA_VFS_TOKEN_FILE, $URSULA_VFS_CA_FILE) give a bearer token and the CA
+certificates to trust for https:// URLs.
 `
 
 func runExport(args []string, stdout, stderr io.Writer) error {
@@ -29,6 +30,7 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, exportUsage) }
 	at := fs.String("at", "", "stream offset to export at (default: the tail)")
+	cf := addClientFlags(fs)
 	// Flags may follow the positional arguments.
 	var pos []string
 	for len(args) > 0 {
@@ -59,7 +61,7 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	c, err := client.New("")
+	c, err := cf.newClient()
 	if err != nil {
 		return err
 	}

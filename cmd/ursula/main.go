@@ -128,7 +128,15 @@ type fileConfig struct {
 		// ClusterListen is the address the cluster listener binds (default: this node's
 		// raft_addr in raft.peers; differs when peers reach it through a proxy or NAT).
 		ClusterListen string `toml:"cluster_listen"`
+		// TLS on the client listener (security.go); both or neither.
+		TLSCertFile string `toml:"tls_cert_file"`
+		TLSKeyFile  string `toml:"tls_key_file"`
+		// Insecure allows a non-loopback listener without TLS or auth.
+		Insecure bool `toml:"insecure"`
+		// CORSAllowedOrigins lists the browser origins allowed to read ("*": all).
+		CORSAllowedOrigins []string `toml:"cors_allowed_origins"`
 	} `toml:"server"`
+	Auth authConfig `toml:"auth"` // security.go
 	Raft struct {
 		NodeID                 uint64 `toml:"node_id"`
 		GroupCount             int    `toml:"group_count"`
@@ -219,6 +227,13 @@ func runServer(args []string, stderr io.Writer) error {
 		}
 		clusterID = id
 	}
+	secCtx, stopSec := context.WithCancel(context.Background())
+	defer stopSec()
+	sec, err := loadSecurity(secCtx, &fc, addr, logger)
+	if err != nil {
+		return err
+	}
+	sec.reloadOnHUP(secCtx, logger)
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", addr, err)
@@ -228,7 +243,7 @@ func runServer(args []string, stderr io.Writer) error {
 	if engineName == "memory" {
 		eng = engine.NewMemory(10 * time.Second)
 	} else {
-		re, closeLog, err := openRaft(&fc, dataDir, "http://"+ln.Addr().String(), stderr, logger)
+		re, closeLog, err := openRaft(&fc, dataDir, sec.scheme()+"://"+ln.Addr().String(), stderr, logger)
 		if err != nil {
 			ln.Close()
 			return err
@@ -248,7 +263,8 @@ func runServer(args []string, stderr io.Writer) error {
 		}
 	}
 	defer eng.Close()
-	srv := server.New(eng, server.Config{ClusterID: clusterID, Logger: logger})
+	srv := server.New(eng, server.Config{ClusterID: clusterID, Logger: logger,
+		Auth: sec.auth, CORSAllowedOrigins: fc.Server.CORSAllowedOrigins})
 	if err := enableCold(srv, &fc.Storage, dataDir, engineName, len(fc.Raft.Peers), logger); err != nil {
 		ln.Close()
 		return err
@@ -261,12 +277,12 @@ func runServer(args []string, stderr io.Writer) error {
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10,
 		BaseContext: func(net.Listener) context.Context { return baseCtx }}
 	hs.RegisterOnShutdown(cancelBase)
-	logger.Info("ursula listening", "addr", ln.Addr().String(), "engine", engineName, "cluster_id", clusterID, "data", dataDir)
+	logger.Info("ursula listening", "addr", ln.Addr().String(), "scheme", sec.scheme(), "auth", sec.auth != nil, "engine", engineName, "cluster_id", clusterID, "data", dataDir)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
+	go func() { errc <- sec.serve(hs, ln) }()
 	select {
 	case err := <-errc:
 		return err
