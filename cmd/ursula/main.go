@@ -145,7 +145,11 @@ type fileConfig struct {
 		HeartbeatTimeoutMs     int    `toml:"heartbeat_timeout_ms"`
 		SnapshotThreshold      uint64 `toml:"snapshot_threshold"`
 		TrailingLogs           uint64 `toml:"trailing_logs"`
-		WAL                    struct {
+		// Mutual TLS of the peer transport (security.go): the cluster CA and this node's pair.
+		TLSCAFile   string `toml:"tls_ca_file"`
+		TLSCertFile string `toml:"tls_cert_file"`
+		TLSKeyFile  string `toml:"tls_key_file"`
+		WAL         struct {
 			Path        string `toml:"path"`
 			Fsync       string `toml:"fsync"`
 			SegmentSize int64  `toml:"segment_size"`
@@ -243,7 +247,7 @@ func runServer(args []string, stderr io.Writer) error {
 	if engineName == "memory" {
 		eng = engine.NewMemory(10 * time.Second)
 	} else {
-		re, closeLog, err := openRaft(&fc, dataDir, sec.scheme()+"://"+ln.Addr().String(), stderr, logger)
+		re, closeLog, err := openRaft(&fc, dataDir, sec.scheme()+"://"+ln.Addr().String(), sec, stderr, logger)
 		if err != nil {
 			ln.Close()
 			return err
@@ -308,7 +312,7 @@ func runServer(args []string, stderr io.Writer) error {
 }
 
 // openRaft opens the node log and the raft engine as configured.
-func openRaft(fc *fileConfig, dataDir, selfURL string, stderr io.Writer, logger *slog.Logger) (*raftengine.Engine, func(), error) {
+func openRaft(fc *fileConfig, dataDir, selfURL string, sec *security, stderr io.Writer, logger *slog.Logger) (*raftengine.Engine, func(), error) {
 	rc := &fc.Raft
 	if rc.NodeID == 0 {
 		if len(rc.Peers) > 0 {
@@ -374,6 +378,11 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, stderr io.Writer, logger 
 	}
 	if len(peers) > 1 {
 		bind := pickStr(fc.Server.ClusterListen, peers[self].RaftAddr)
+		if err := sec.checkClusterListener(bind, fc.Server.Insecure, logger); err != nil {
+			nl.Close()
+			return nil, nil, err
+		}
+		cfg.PeerTLS = sec.peer
 		ln, err := net.Listen("tcp", bind)
 		if err != nil {
 			nl.Close()

@@ -1,7 +1,7 @@
 package main
 
-// The node's security settings: TLS on the client listener, authentication, CORS origins,
-// and the refusal to face a network unprotected unless told to.
+// The node's security settings: TLS on the client listener, mutual TLS between peers,
+// authentication, and the refusal to face a network unprotected unless told to.
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/ursula-go/ursula/auth"
+	raftengine "github.com/ursula-go/ursula/engine/raft"
 	"github.com/ursula-go/ursula/tlsfiles"
 )
 
@@ -29,8 +30,10 @@ type authConfig struct {
 
 // security is what a node's listeners and handlers need from those settings.
 type security struct {
-	cert *tlsfiles.Certificate // nil: plain HTTP
-	auth *auth.Authorizer      // nil: every request is let in
+	cert     *tlsfiles.Certificate // nil: plain HTTP
+	auth     *auth.Authorizer      // nil: every request is let in
+	peer     *raftengine.PeerTLS   // nil: plain TCP between peers
+	peerCert *tlsfiles.Certificate
 }
 
 // loadSecurity reads the TLS pair and the auth files, and refuses a listener on a
@@ -45,6 +48,21 @@ func loadSecurity(ctx context.Context, fc *fileConfig, addr string, logger *slog
 			return nil, fmt.Errorf("server.tls_cert_file/tls_key_file: %w", err)
 		}
 		sec.cert = c
+	}
+	if r := &fc.Raft; r.TLSCAFile != "" || r.TLSCertFile != "" || r.TLSKeyFile != "" {
+		if r.TLSCAFile == "" {
+			return nil, errors.New("raft.tls_cert_file/tls_key_file need raft.tls_ca_file (the cluster CA)")
+		}
+		pool, err := tlsfiles.LoadCAPool(r.TLSCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("raft.tls_ca_file: %w", err)
+		}
+		c, err := tlsfiles.LoadCertificate(r.TLSCertFile, r.TLSKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("raft.tls_cert_file/tls_key_file: %w", err)
+		}
+		sec.peerCert = c
+		sec.peer = &raftengine.PeerTLS{Server: tlsfiles.MutualServerConfig(c, pool), Client: tlsfiles.ClientConfig(pool, c)}
 	}
 	ac := auth.Config{TokenFile: fc.Auth.TokenFile, Issuer: fc.Auth.Issuer, Audience: fc.Auth.Audience,
 		JWKSURL: fc.Auth.JWKSURL, PolicyFile: fc.Auth.PolicyFile}
@@ -71,6 +89,19 @@ func loadSecurity(ctx context.Context, fc *fileConfig, addr string, logger *slog
 		}
 	}
 	return sec, nil
+}
+
+// checkClusterListener refuses a cluster listener on a non-loopback address without
+// mutual TLS unless insecure: peers would otherwise accept any TCP connection as a peer.
+func (sec *security) checkClusterListener(bind string, insecure bool, logger *slog.Logger) error {
+	if sec.peer != nil || isLoopback(bind) {
+		return nil
+	}
+	if !insecure {
+		return fmt.Errorf("cluster listener %s is not a loopback address and peer traffic has no mutual TLS: anyone who reaches it could act as a peer; set raft.tls_ca_file, raft.tls_cert_file and raft.tls_key_file, or server.insecure = true to run this way on purpose", bind)
+	}
+	logger.Warn("INSECURE: the cluster listener accepts peers without mutual TLS (server.insecure = true)", "addr", bind)
+	return nil
 }
 
 // scheme is the URL scheme of the client listener.
@@ -107,6 +138,9 @@ func (sec *security) reloadOnHUP(ctx context.Context, logger *slog.Logger) {
 			var errs []error
 			if sec.cert != nil {
 				errs = append(errs, sec.cert.Reload())
+			}
+			if sec.peerCert != nil {
+				errs = append(errs, sec.peerCert.Reload())
 			}
 			if sec.auth != nil {
 				errs = append(errs, sec.auth.Reload())
