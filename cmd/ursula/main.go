@@ -32,7 +32,7 @@ retention, idempotent producers and live reads), the home of replicated SQLite d
 
 Usage:
   ursula server [--listen ADDR] [--data DIR] [--config FILE] [--engine raft|memory] [--node-id N]
-  ursula export <stream-url> <out.db> [--at OFFSET]
+  ursula export <stream-url> <out.db> [--at OFFSET] [--token-file F] [--ca-file F]
   ursula help
 
 Commands:
@@ -63,6 +63,13 @@ Server flags (flags override the config file):
                        [storage.cold]
                        backend = "fs"             # or "s3" ([storage.cold.s3]) or "none"
                        dir = "/shared/ursula-cold" # fs: default <data_dir>/cold
+                   Security (off by default; docs/security.md): server.tls_cert_file and
+                   server.tls_key_file (HTTPS), [auth] token_file / issuer, audience,
+                   jwks_url / policy_file (bearer tokens), raft.tls_ca_file,
+                   raft.tls_cert_file and raft.tls_key_file (peers over mutual TLS),
+                   server.cors_allowed_origins. A listener beyond loopback without them
+                   refuses to start unless server.insecure = true. SIGHUP reloads the
+                   certificates and the auth files.
   --engine NAME    "raft" (default): persistent, replicated when peers are configured; with
                    no peers a single voter. "memory": streams live in process memory only.
   --node-id N      overrides raft.node_id, so one config file can serve every node
