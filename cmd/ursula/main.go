@@ -285,7 +285,9 @@ func runServer(args []string, stderr io.Writer) error {
 	// instead of waiting for their timeouts.
 	baseCtx, cancelBase := context.WithCancel(context.Background())
 	defer cancelBase()
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10,
+	// Idle keep-alive connections are closed after two minutes, so that many idle
+	// clients cannot hold connections (and their buffers) forever.
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10, IdleTimeout: 2 * time.Minute,
 		BaseContext: func(net.Listener) context.Context { return baseCtx }}
 	hs.RegisterOnShutdown(cancelBase)
 	logger.Info("ursula listening", "addr", ln.Addr().String(), "scheme", sec.scheme(), "auth", sec.auth != nil, "engine", engineName, "cluster_id", clusterID, "data", dataDir)
