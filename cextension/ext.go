@@ -9,6 +9,8 @@ import "C"
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -212,7 +214,13 @@ var (
 // replicator's default client.
 func processClient() *client.Client {
 	clientOnce.Do(func() {
-		tr := client.NewTransport()
+		tr, err := client.NewTransportWithCA(os.Getenv("URSULA_VFS_CA_FILE"))
+		if err != nil {
+			// An unreadable CA file must not fall back to trusting the system roots.
+			logEvent("error", "ca_file_unreadable", "err=%q", err.Error())
+			tr = client.NewTransport()
+			tr.TLSClientConfig = &tls.Config{RootCAs: x509.NewCertPool()}
+		}
 		if ms, err := strconv.Atoi(os.Getenv("URSULA_VFS_IDLE_MS")); err == nil && ms > 0 {
 			tr.IdleConnTimeout = time.Duration(ms) * time.Millisecond
 		}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/ursula-go/ursula/streamcore"
+	"github.com/ursula-go/ursula/tlsfiles"
 )
 
 // Client speaks the Durable Streams protocol with the Ursula extensions. It is safe for
@@ -119,6 +120,22 @@ func NewTransport() *http.Transport {
 		ExpectContinueTimeout: time.Second,
 		ForceAttemptHTTP2:     true,
 	}
+}
+
+// NewTransportWithCA is NewTransport trusting the CA certificates of the PEM file
+// caFile for https:// URLs (only those: the system roots are not consulted then); ""
+// keeps the system roots.
+func NewTransportWithCA(caFile string) (*http.Transport, error) {
+	tr := NewTransport()
+	if caFile == "" {
+		return tr, nil
+	}
+	cfg, err := tlsfiles.ClientConfigFromCAFile(caFile)
+	if err != nil {
+		return nil, err
+	}
+	tr.TLSClientConfig = cfg
+	return tr, nil
 }
 
 func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }

@@ -121,7 +121,10 @@ func (o *Options) defaults() error {
 		o.outagePullForward = defaultOutagePullForward
 	}
 	if o.Client == nil {
-		tr := client.NewTransport()
+		tr, err := client.NewTransportWithCA(os.Getenv("URSULA_VFS_CA_FILE"))
+		if err != nil {
+			return fmt.Errorf("URSULA_VFS_CA_FILE: %w", err)
+		}
 		tr.IdleConnTimeout = 90 * time.Second // URSULA_VFS_IDLE_MS; 0 disables reuse
 		if v, err := strconv.Atoi(os.Getenv("URSULA_VFS_IDLE_MS")); err == nil && v >= 0 {
 			tr.IdleConnTimeout = time.Duration(v) * time.Millisecond

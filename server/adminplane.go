@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ursula-go/ursula/auth"
 	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/streamcore"
 )
@@ -68,6 +69,11 @@ func (s *Server) routeAdmin(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead && !s.explicitAdmin(w, r) {
 		return // a mutation a web page could have sent: refused
+	}
+	if raw != "/__ursula/ready" { // readiness stays open for probes
+		if r = s.guard(w, r, "", auth.Admin); r == nil {
+			return // with auth on, every operation needs the admin scope
+		}
 	}
 	switch raw {
 	case "/__ursula/ready":

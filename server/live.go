@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/ursula-go/ursula/auth"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -169,8 +170,22 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, t *target, rq 
 		defer tm.Stop()
 		idle = tm.C
 	}
+	// A subscription does not outlive its credential: at the token's exp it ends with a
+	// frame that tells expiry apart from the end of the stream.
+	var expired <-chan time.Time
+	if p := auth.FromContext(r.Context()); p != nil && !p.Expires.IsZero() {
+		tm := time.NewTimer(time.Until(p.Expires))
+		defer tm.Stop()
+		expired = tm.C
+	}
 	sentInitial := false
 	for {
+		select {
+		case <-expired: // also while data keeps arriving
+			s.sseWrite(rc, w, []byte(sseCredentialExpired))
+			return
+		default:
+		}
 		ch := s.engine.Watch(t.key)
 		v, e = s.look(t, off, maxBytes, 0)
 		if e == nil && v.inc != firstInc {
@@ -227,11 +242,17 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, t *target, rq 
 			goto wait
 		case <-idle:
 			return
+		case <-expired:
+			s.sseWrite(rc, w, []byte(sseCredentialExpired))
+			return
 		case <-r.Context().Done():
 			return
 		}
 	}
 }
+
+// sseCredentialExpired is the last frame of a subscription whose credential expired.
+const sseCredentialExpired = "event: credential-expired\ndata: {}\n\n"
 
 func (s *Server) control(v *view, rq *readQuery) streamcore.SSEControl {
 	c := streamcore.SSEControl{StreamNextOffset: streamcore.FormatOffset(v.end)}

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/ursula-go/ursula/auth"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -22,10 +23,17 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		s.preflight(w, r)
 		return
 	}
-	switch raw {
-	case "/__ursula/ready":
+	if raw == "/__ursula/ready" {
+		// Readiness stays open: load balancers probe it without credentials.
 		s.handleReady(w, r)
 		return
+	}
+	if strings.HasPrefix(raw, "/__ursula/") || raw == "/__ursula" || raw == "/metrics" {
+		if r = s.guard(w, r, "", auth.Admin); r == nil {
+			return
+		}
+	}
+	switch raw {
 	case "/__ursula/metrics":
 		s.handleMetricsJSON(w, r)
 		return
@@ -68,6 +76,9 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 			s.writeError(w, r, e)
 			return
 		}
+		if r = s.guard(w, r, segs[0], actionOf(r)); r == nil {
+			return
+		}
 		t := &target{bucket: segs[0], stream: segs[1], key: segs[0] + "/" + segs[1], url: raw}
 		s.routeStream(w, r, t, segs[2:])
 	}
@@ -101,6 +112,9 @@ func (s *Server) routeBucket(w http.ResponseWriter, r *http.Request, bucket stri
 	}
 	if e := streamcore.ValidateBucketID(bucket); e != nil {
 		s.writeError(w, r, e)
+		return
+	}
+	if r = s.guard(w, r, bucket, auth.Write); r == nil {
 		return
 	}
 	drainBody(r)
@@ -209,6 +223,9 @@ func (s *Server) routeCompat(w http.ResponseWriter, r *http.Request, rawRest str
 		s.writeError(w, r, e)
 		return
 	}
+	if r = s.guard(w, r, CompatBucket, actionOf(r)); r == nil {
+		return
+	}
 	t := &target{bucket: CompatBucket, stream: name, key: CompatBucket + "/" + name, compat: true, url: r.URL.EscapedPath()}
 	s.routeStream(w, r, t, nil)
 }
@@ -246,6 +263,8 @@ func (s *Server) methodNotAllowed(w http.ResponseWriter, r *http.Request, allow 
 	s.writeError(w, r, streamcore.Errorf(http.StatusMethodNotAllowed, streamcore.CodeMethodNotAllowed, "method %s is not supported here", r.Method))
 }
 
+// preflight answers OPTIONS the same for every path, before and without authorization:
+// a per-path answer would tell an unauthenticated caller what exists.
 func (s *Server) preflight(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("Access-Control-Allow-Methods", "GET, HEAD, POST, PUT, DELETE, OPTIONS")

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ursula-go/ursula/auth"
 	"github.com/ursula-go/ursula/coldtier"
 	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/streamcore"
@@ -29,6 +30,11 @@ type Config struct {
 	SSEMaxIdle     time.Duration // close idle SSE connections after this (0 = never)
 	Logger         *slog.Logger
 	Limits         Limits // request pacing and memory bounds; zero fields take defaults
+	// Auth authenticates and authorizes requests (guard.go); nil lets every request in.
+	Auth *auth.Authorizer
+	// CORSAllowedOrigins lists the origins browsers may read from ("*": all). nil: every
+	// origin without Auth, none with it.
+	CORSAllowedOrigins []string
 }
 
 // Server answers the protocol over HTTP on top of an Engine.
@@ -124,10 +130,14 @@ func (s *Server) commonHeaders(h http.Header, r *http.Request) {
 	h["Ursula-Protocol"] = []string{streamcore.ProtocolVersion}
 	h["Ursula-Cluster-Id"] = []string{s.cfg.ClusterID}
 	h["Cache-Control"] = []string{"no-store"}
-	if !isOpsPath(r.URL.Path) {
+	if isOpsPath(r.URL.Path) {
 		// Admin routes get no CORS grant: a web page must not drive the node's operations.
-		h["Access-Control-Allow-Origin"] = []string{"*"}
+	} else if o := s.corsOrigin(r.Header.Get("Origin")); o != "" {
+		h["Access-Control-Allow-Origin"] = []string{o}
 		h["Access-Control-Expose-Headers"] = []string{"*"}
+		if o != "*" {
+			h["Vary"] = []string{"Origin"}
+		}
 	}
 	h["X-Content-Type-Options"] = []string{"nosniff"}
 	h["Cross-Origin-Resource-Policy"] = []string{"cross-origin"}

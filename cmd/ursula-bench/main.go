@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -27,6 +28,7 @@ import (
 	"time"
 
 	"github.com/ursula-go/ursula/streamcore"
+	"github.com/ursula-go/ursula/tlsfiles"
 )
 
 const usage = `ursula-bench: load generator for Durable Streams servers.
@@ -35,7 +37,8 @@ Usage:
   ursula-bench --url BASE [--label NAME] [--duration 5s] [--json] [--out FILE] [flags]
   ursula-bench compare A.json B.json [C.json ...]
   ursula-bench freeport [N]
-  ursula-bench wait [--timeout 30s] URL
+  ursula-bench wait [--timeout 30s] [--ca-file F] URL
+  ursula-bench certs DIR           (a throwaway CA and loopback node certificate)
 
 BASE is the URL under which the bench creates its streams, e.g.
   http://127.0.0.1:4437/bench        (Ursula native API: BASE = /{bucket})
@@ -53,7 +56,8 @@ Scenarios (--scenarios, comma separated; default all):
 The append scenarios use a lean HTTP/1.1 client by default (--client raw: one persistent
 connection per writer, no per-request allocation beyond the buffer), so that on a small
 machine the load generator takes little CPU from the server; --client nethttp uses Go's
-net/http client instead. Both send the same bytes to every target.
+net/http client instead. Both send the same bytes to every target. For a node with TLS
+and auth, --url https://... with --ca-file (the CA to trust) and --token (a bearer token).
 
 compare prints each scenario of the runs side by side with the ratio of the first run to
 each other run (ops/s: higher is better; latency: lower is better).
@@ -75,6 +79,9 @@ type config struct {
 	jsonOut    bool
 	outFile    string
 	client     string // raw | nethttp (append scenarios)
+	caFile     string // trust these CA certificates for https:// (TLS runs)
+	token      string // bearer token sent on every request (auth runs)
+	tls        *tls.Config
 }
 
 // Run is the JSON document of one bench run.
@@ -114,6 +121,8 @@ func main() {
 			os.Exit(freeport(os.Args[2:]))
 		case "wait":
 			os.Exit(wait(os.Args[2:]))
+		case "certs":
+			os.Exit(certs(os.Args[2:]))
 		}
 	}
 	var c config
@@ -130,6 +139,8 @@ func main() {
 	fs.StringVar(&c.client, "client", "raw", "HTTP client of the append scenarios: raw (lean HTTP/1.1, one connection per writer) or nethttp (Go's net/http)")
 	fs.BoolVar(&c.jsonOut, "json", false, "print the run as JSON instead of a table")
 	fs.StringVar(&c.outFile, "out", "", "also write the run as JSON to this file")
+	fs.StringVar(&c.caFile, "ca-file", "", "PEM CA certificates to trust for an https:// --url")
+	fs.StringVar(&c.token, "token", "", "bearer token to send with every request")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the load generator to this file")
 	fs.Parse(os.Args[1:])
 	if *cpuprofile != "" {
@@ -148,6 +159,14 @@ func main() {
 		os.Exit(2)
 	}
 	c.url = strings.TrimRight(c.url, "/")
+	if c.caFile != "" {
+		cfg, err := tlsfiles.ClientConfigFromCAFile(c.caFile)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "ursula-bench: %v\n", err)
+			os.Exit(2)
+		}
+		c.tls = cfg
+	}
 	if c.label == "" {
 		if u, err := url.Parse(c.url); err == nil {
 			c.label = u.Host
@@ -230,6 +249,11 @@ func newBench(c config) *bench {
 		DisableCompression:  true,
 		WriteBufferSize:     16 << 10,
 		ReadBufferSize:      16 << 10,
+		TLSClientConfig:     c.tls,
+	}
+	var rt http.RoundTripper = tr
+	if c.token != "" {
+		rt = bearerTransport{tr, "Bearer " + c.token}
 	}
 	var id [4]byte
 	rand.Read(id[:])
@@ -237,10 +261,22 @@ func newBench(c config) *bench {
 	rand.Read(body)
 	return &bench{
 		cfg:   c,
-		hc:    &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
+		hc:    &http.Client{Transport: rt, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 		runID: hex.EncodeToString(id[:]),
 		body:  body,
 	}
+}
+
+// bearerTransport adds the Authorization header to every request.
+type bearerTransport struct {
+	next http.RoundTripper
+	auth string
+}
+
+func (t bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", t.auth)
+	return t.next.RoundTrip(r)
 }
 
 func (b *bench) streamURL(name string) string { return b.cfg.url + "/" + name }
@@ -321,7 +357,7 @@ func (b *bench) appendScenario(name string, writers int) (Result, error) {
 			pidText := fmt.Sprintf("bench-%s-%d", b.runID, i)
 			send := b.netHTTPAppender(u, pidText)
 			if b.cfg.client == "raw" {
-				rc, err := newRawConn(u, "application/octet-stream", pidText, len(b.body))
+				rc, err := newRawConn(u, "application/octet-stream", pidText, len(b.body), b.cfg.tls, b.cfg.token)
 				if err != nil {
 					st.first, st.errors = err.Error(), 1
 					<-start
@@ -805,12 +841,18 @@ func freeport(args []string) int {
 func wait(args []string) int {
 	fs := flag.NewFlagSet("wait", flag.ExitOnError)
 	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
+	caFile := fs.String("ca-file", "", "PEM CA certificates to trust for an https:// URL")
 	fs.Parse(args)
 	if fs.NArg() != 1 {
-		fmt.Fprint(os.Stderr, "usage: ursula-bench wait [--timeout 30s] URL\n")
+		fmt.Fprint(os.Stderr, "usage: ursula-bench wait [--timeout 30s] [--ca-file F] URL\n")
 		return 2
 	}
-	hc := &http.Client{Timeout: time.Second}
+	tlsCfg, err := tlsfiles.ClientConfigFromCAFile(*caFile)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "ursula-bench wait: %v\n", err)
+		return 2
+	}
+	hc := &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg}}
 	deadline := time.Now().Add(*timeout)
 	var last error
 	for time.Now().Before(deadline) {

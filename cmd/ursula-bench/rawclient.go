@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -22,7 +23,8 @@ import (
 // cross-checks it.
 type rawConn struct {
 	addr string
-	head []byte // request line and fixed headers, up to "Producer-Seq: "
+	tls  *tls.Config // nil: plain TCP
+	head []byte      // request line and fixed headers, up to "Producer-Seq: "
 	conn net.Conn
 	br   *bufio.Reader
 	buf  []byte
@@ -34,18 +36,35 @@ type rawAnswer struct {
 	expectedSeq string
 }
 
-func newRawConn(u *url.URL, contentType, producerID string, bodyLen int) (*rawConn, error) {
-	if u.Scheme != "http" {
-		return nil, fmt.Errorf("--client raw speaks plain http only, not %s", u.Scheme)
+// newRawConn prepares a connection to u (http, or https with tlsCfg) that sends token,
+// when not empty, as a bearer token.
+func newRawConn(u *url.URL, contentType, producerID string, bodyLen int, tlsCfg *tls.Config, token string) (*rawConn, error) {
+	port := "80"
+	switch u.Scheme {
+	case "http":
+		tlsCfg = nil
+	case "https":
+		port = "443"
+		if tlsCfg == nil {
+			tlsCfg = &tls.Config{}
+		}
+		tlsCfg = tlsCfg.Clone()
+		tlsCfg.NextProtos = []string{"http/1.1"} // this client speaks HTTP/1.1 only
+	default:
+		return nil, fmt.Errorf("--client raw speaks http and https, not %s", u.Scheme)
 	}
 	host := u.Host
 	addr := host
 	if u.Port() == "" {
-		addr = net.JoinHostPort(u.Hostname(), "80")
+		addr = net.JoinHostPort(u.Hostname(), port)
 	}
-	head := fmt.Sprintf("POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nProducer-Id: %s\r\nProducer-Epoch: 0\r\nProducer-Seq: ",
-		u.RequestURI(), host, contentType, bodyLen, producerID)
-	return &rawConn{addr: addr, head: []byte(head)}, nil
+	auth := ""
+	if token != "" {
+		auth = "Authorization: Bearer " + token + "\r\n"
+	}
+	head := fmt.Sprintf("POST %s HTTP/1.1\r\nHost: %s\r\n%sContent-Type: %s\r\nContent-Length: %d\r\nProducer-Id: %s\r\nProducer-Epoch: 0\r\nProducer-Seq: ",
+		u.RequestURI(), host, auth, contentType, bodyLen, producerID)
+	return &rawConn{addr: addr, tls: tlsCfg, head: []byte(head)}, nil
 }
 
 func (c *rawConn) close() {
@@ -65,6 +84,19 @@ func (c *rawConn) append(seq uint64, body []byte) (rawAnswer, error) {
 		}
 		if tc, ok := conn.(*net.TCPConn); ok {
 			tc.SetNoDelay(true)
+		}
+		if c.tls != nil {
+			cfg := c.tls
+			if cfg.ServerName == "" {
+				cfg = cfg.Clone()
+				cfg.ServerName, _, _ = net.SplitHostPort(c.addr)
+			}
+			tc := tls.Client(conn, cfg)
+			if err := tc.Handshake(); err != nil {
+				conn.Close()
+				return rawAnswer{}, err
+			}
+			conn = tc
 		}
 		c.conn, c.br = conn, bufio.NewReaderSize(conn, 16<<10)
 	}

@@ -11,12 +11,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/replicator"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
-const exportUsage = `Usage: ursula export <stream-url> <out.db> [--at OFFSET|TIME|-DURATION]
+const exportUsage = `Usage: ursula export <stream-url> <out.db> [--at OFFSET|TIME|-DURATION] [--token-file F] [--ca-file F]
 
 Writes a plain, self-contained SQLite file of the replicated database held by the
 stream: at its tail, or as it was at an earlier commit (point-in-time export):
@@ -26,6 +25,8 @@ stream: at its tail, or as it was at an earlier commit (point-in-time export):
 The export says which commit it used. A point the stream no longer retains is refused,
 naming the earliest one it does. Nothing is claimed: the owner keeps writing
 undisturbed. out.db is replaced atomically. Progress is drawn when stderr is a terminal.
+--token-file and --ca-file (default $URSULA_VFS_TOKEN_FILE, $URSULA_VFS_CA_FILE) give a bearer
+token and the CA certificates to trust for https:// URLs.
 `
 
 func runExport(args []string, stdout, stderr io.Writer) error {
@@ -33,6 +34,7 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, exportUsage) }
 	at := fs.String("at", "", "offset, RFC 3339 time or -DURATION to export at (default: the tail)")
+	cf := addClientFlags(fs)
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
@@ -47,7 +49,7 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	c, err := client.New("")
+	c, err := cf.newClient()
 	if err != nil {
 		return err
 	}

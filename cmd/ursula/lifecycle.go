@@ -36,7 +36,7 @@ func defaultAdminAddr(clientAddr string) (string, error) {
 
 // serveAdmin starts the admin listener ("off": none). The returned server is closed at
 // shutdown; admin calls in flight are cut, they are retried by operators and tools.
-func serveAdmin(addr, clientAddr string, srv *server.Server, logger *slog.Logger) (*http.Server, error) {
+func serveAdmin(addr, clientAddr string, srv *server.Server, sec *security, logger *slog.Logger) (*http.Server, error) {
 	hs := &http.Server{Handler: srv.AdminHandler(), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10}
 	if addr == "off" {
 		return hs, nil
@@ -51,8 +51,8 @@ func serveAdmin(addr, clientAddr string, srv *server.Server, logger *slog.Logger
 	if err != nil {
 		return nil, fmt.Errorf("admin listener %s: %w (set server.admin_listen, or \"off\")", addr, err)
 	}
-	logger.Info("admin listening", "addr", ln.Addr().String())
-	go hs.Serve(ln)
+	logger.Info("admin listening", "addr", ln.Addr().String(), "scheme", sec.scheme())
+	go sec.serve(hs, ln) // the same TLS as the client listener
 	return hs, nil
 }
 

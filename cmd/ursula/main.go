@@ -31,7 +31,7 @@ retention, idempotent producers and live reads), the home of replicated SQLite d
 
 Usage:
   ursula server [--listen ADDR] [--data DIR] [--config FILE] [--engine raft|memory] [--node-id N]
-  ursula export <stream-url> <out.db> [--at OFFSET|TIME|-DURATION]
+  ursula export <stream-url> <out.db> [--at OFFSET|TIME|-DURATION] [--token-file F] [--ca-file F]
   ursula log <stream-url> [--json]
   ursula branch <src-url>[@OFFSET|@TIME] <dst-url>
   ursula verify <stream-url> [--every 10m] [--metrics-listen ADDR]
@@ -74,6 +74,13 @@ Server flags (flags override the config file):
                        [storage.cold]
                        backend = "fs"             # or "s3" ([storage.cold.s3]) or "none"
                        dir = "/mnt/ursula-cold"   # fs: default <data_dir>/cold
+                   Security (off by default; docs/security.md): server.tls_cert_file and
+                   server.tls_key_file (HTTPS), [auth] token_file / issuer, audience,
+                   jwks_url / policy_file (bearer tokens), raft.tls_ca_file,
+                   raft.tls_cert_file and raft.tls_key_file (peers over mutual TLS),
+                   server.cors_allowed_origins. A listener beyond loopback without them
+                   refuses to start unless server.insecure = true. SIGHUP reloads the
+                   certificates and the auth files.
   --engine NAME    "raft" (default): persistent, replicated when peers are configured; with
                    no peers a single voter. "memory": streams live in process memory only.
   --node-id N      overrides raft.node_id, so one config file can serve every node
@@ -162,7 +169,15 @@ type fileConfig struct {
 		ClusterListen string `toml:"cluster_listen"`
 		// AdminListen is the admin listener (lifecycle.go).
 		AdminListen string `toml:"admin_listen"`
+		// TLS on the client listener (security.go); both or neither.
+		TLSCertFile string `toml:"tls_cert_file"`
+		TLSKeyFile  string `toml:"tls_key_file"`
+		// Insecure allows a non-loopback listener without TLS or auth.
+		Insecure bool `toml:"insecure"`
+		// CORSAllowedOrigins lists the browser origins allowed to read ("*": all).
+		CORSAllowedOrigins []string `toml:"cors_allowed_origins"`
 	} `toml:"server"`
+	Auth authConfig `toml:"auth"` // security.go
 	Raft struct {
 		NodeID                 uint64 `toml:"node_id"`
 		GroupCount             int    `toml:"group_count"`
@@ -171,7 +186,11 @@ type fileConfig struct {
 		HeartbeatTimeoutMs     int    `toml:"heartbeat_timeout_ms"`
 		SnapshotThreshold      uint64 `toml:"snapshot_threshold"`
 		TrailingLogs           uint64 `toml:"trailing_logs"`
-		WAL                    struct {
+		// Mutual TLS of the peer transport (security.go): the cluster CA and this node's pair.
+		TLSCAFile   string `toml:"tls_ca_file"`
+		TLSCertFile string `toml:"tls_cert_file"`
+		TLSKeyFile  string `toml:"tls_key_file"`
+		WAL         struct {
 			Path        string `toml:"path"`
 			Fsync       string `toml:"fsync"`
 			SegmentSize int64  `toml:"segment_size"`
@@ -264,6 +283,13 @@ func runServer(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	secCtx, stopSec := context.WithCancel(context.Background())
+	defer stopSec()
+	sec, err := loadSecurity(secCtx, &fc, addr, logger)
+	if err != nil {
+		return err
+	}
+	sec.reloadOnHUP(secCtx, logger)
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", addr, err)
@@ -273,7 +299,7 @@ func runServer(args []string, stderr io.Writer) error {
 	if engineName == "memory" {
 		eng = engine.NewMemory(10 * time.Second)
 	} else {
-		re, closeLog, err := openRaft(&fc, dataDir, "http://"+ln.Addr().String(), joining, stderr, logger, &lim)
+		re, closeLog, err := openRaft(&fc, dataDir, sec.scheme()+"://"+ln.Addr().String(), joining, sec, stderr, logger, &lim)
 		if err != nil {
 			ln.Close()
 			return err
@@ -293,7 +319,8 @@ func runServer(args []string, stderr io.Writer) error {
 		}
 	}
 	defer eng.Close()
-	srv := server.New(eng, server.Config{ClusterID: clusterID, Logger: logger, MaxLiveReaders: lim.maxLive, Limits: lim.server})
+	srv := server.New(eng, server.Config{ClusterID: clusterID, Logger: logger, MaxLiveReaders: lim.maxLive, Limits: lim.server,
+		Auth: sec.auth, CORSAllowedOrigins: fc.Server.CORSAllowedOrigins})
 	if lim.guard != nil {
 		srv.SetAdmission(lim.guard)
 	}
@@ -309,19 +336,19 @@ func runServer(args []string, stderr io.Writer) error {
 	hs, cln := lim.httpServer(srv, ln)
 	hs.BaseContext = func(net.Listener) context.Context { return baseCtx }
 	hs.RegisterOnShutdown(cancelBase)
-	adminSrv, err := serveAdmin(pickStr(*adminListen, fc.Server.AdminListen), addr, srv, logger)
+	adminSrv, err := serveAdmin(pickStr(*adminListen, fc.Server.AdminListen), addr, srv, sec, logger)
 	if err != nil {
 		ln.Close()
 		return err
 	}
 	defer adminSrv.Close()
-	logger.Info("ursula listening", "addr", ln.Addr().String(), "engine", engineName, "cluster_id", clusterID, "data", dataDir,
-		"max_connections", lim.maxConns, "max_live_readers", lim.maxLive, "nofile", lim.nofile)
+	logger.Info("ursula listening", "addr", ln.Addr().String(), "scheme", sec.scheme(), "auth", sec.auth != nil, "engine", engineName,
+		"cluster_id", clusterID, "data", dataDir, "max_connections", lim.maxConns, "max_live_readers", lim.maxLive, "nofile", lim.nofile)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(cln) }()
+	go func() { errc <- sec.serve(hs, cln) }()
 	select {
 	case err := <-errc:
 		return err
@@ -347,7 +374,7 @@ func runServer(args []string, stderr io.Writer) error {
 }
 
 // openRaft opens the node log and the raft engine as configured.
-func openRaft(fc *fileConfig, dataDir, selfURL string, joining bool, stderr io.Writer, logger *slog.Logger, lim *resolvedLimits) (*raftengine.Engine, func(), error) {
+func openRaft(fc *fileConfig, dataDir, selfURL string, joining bool, sec *security, stderr io.Writer, logger *slog.Logger, lim *resolvedLimits) (*raftengine.Engine, func(), error) {
 	rc := &fc.Raft
 	if rc.NodeID == 0 {
 		if len(rc.Peers) > 0 {
@@ -427,6 +454,11 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, joining bool, stderr io.W
 	}
 	if len(peers) > 1 || joining {
 		bind := pickStr(fc.Server.ClusterListen, peers[self].RaftAddr)
+		if err := sec.checkClusterListener(bind, fc.Server.Insecure, logger); err != nil {
+			nl.Close()
+			return nil, nil, err
+		}
+		cfg.PeerTLS = sec.peer
 		ln, err := net.Listen("tcp", bind)
 		if err != nil {
 			nl.Close()

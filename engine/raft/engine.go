@@ -32,6 +32,7 @@ package raftengine
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -77,8 +78,12 @@ type Config struct {
 	// more than one peer; with a single voter and no listener, an in-memory transport is
 	// used.
 	Listener net.Listener
-	Dir      string       // raft snapshots live under Dir/g<N>/snapshots
-	Stores   StoreFactory // default InmemStores
+	// PeerTLS, when set, runs every peer connection over mutual TLS: the cluster listener
+	// accepts only clients whose certificate the cluster CA signed, and this node dials
+	// its peers presenting its own certificate and verifying theirs.
+	PeerTLS *PeerTLS
+	Dir     string       // raft snapshots live under Dir/g<N>/snapshots
+	Stores  StoreFactory // default InmemStores
 	// InitMembership: initialise a group that has no local state with the static voter set
 	// (every node does it with the same configuration, which hashicorp/raft allows).
 	// A single voter always initialises.
@@ -196,7 +201,14 @@ func Open(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("raftengine: the peers do not include this node (%d)", cfg.NodeID)
 	}
 	if cfg.Listener != nil {
-		e.mux = NewMux(cfg.Listener, e.self.RaftAddr)
+		ln := cfg.Listener
+		if cfg.PeerTLS != nil {
+			ln = tls.NewListener(ln, cfg.PeerTLS.Server)
+		}
+		e.mux = NewMux(ln, e.self.RaftAddr)
+		if cfg.PeerTLS != nil {
+			e.mux.clientTLS = cfg.PeerTLS.Client
+		}
 		e.mux.HandlePeers(e.servePeer)
 	} else if !single {
 		return nil, errors.New("raftengine: a cluster listener is required with more than one peer")

@@ -125,8 +125,9 @@ func (e *Engine) ask(ctx context.Context, p Peer, op byte, payload []byte) ([]by
 	if !ok {
 		deadline = time.Now().Add(peerTimeout)
 	}
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", p.RaftAddr)
+	dctx, cancel := context.WithDeadline(ctx, deadline)
+	c, err := e.mux.dial(dctx, p.RaftAddr)
+	cancel()
 	if err != nil {
 		return nil, err
 	}

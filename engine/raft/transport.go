@@ -1,6 +1,8 @@
 package raftengine
 
 import (
+	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -23,8 +25,11 @@ type Mux struct {
 	mu     sync.Mutex
 	groups map[uint32]*streamLayer
 	peers  func(net.Conn) // handler of peer-channel connections
-	done   chan struct{}
-	once   sync.Once
+	// clientTLS, when set, wraps every outgoing peer connection (mutual TLS); set once
+	// before any dial.
+	clientTLS *tls.Config
+	done      chan struct{}
+	once      sync.Once
 }
 
 var muxMagic = [4]byte{'U', 'R', 'G', '1'}
@@ -136,11 +141,41 @@ type streamLayer struct {
 	once   sync.Once
 }
 
+// PeerTLS is the mutual TLS of the peer transport: Server for the cluster listener
+// (which must require and verify client certificates), Client for dialing peers.
+type PeerTLS struct {
+	Server *tls.Config
+	Client *tls.Config
+}
+
+// dial connects to a peer at addr, over TLS when the mux has a client config (the
+// handshake is done here, so that a refused certificate fails the dial).
+func (m *Mux) dial(ctx context.Context, addr string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil || m.clientTLS == nil {
+		return c, err
+	}
+	cfg := m.clientTLS
+	if cfg.ServerName == "" {
+		cfg = cfg.Clone()
+		cfg.ServerName, _, _ = net.SplitHostPort(addr)
+	}
+	tc := tls.Client(c, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return tc, nil
+}
+
 // Dial opens a connection to the group on the node at address.
 func (l *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	// A member added at run time carries its client URL in its Raft address (lifecycle.go).
 	raftAddr, _ := splitAddr(string(address))
-	c, err := net.DialTimeout("tcp", raftAddr, timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	c, err := l.m.dial(ctx, raftAddr)
+	cancel()
 	if err != nil {
 		return nil, err
 	}

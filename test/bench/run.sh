@@ -9,6 +9,9 @@
 # the first target to each other one). Targets (BENCH_TARGETS, default all):
 #   memory        ursula --engine memory (nothing persisted)
 #   raft          ursula default: raft single voter, node log fsync=never
+#   raft-secure   raft as above with TLS on the listener and a bearer token checked on
+#                 every request (a throwaway CA and token made for the run), to compare
+#                 with raft in the same run
 #   raft-always   raft single voter, node log fsync=always (every ack after fsync)
 #   raft3         3-node loopback cluster (3 voters per group, fsync=never); every group's
 #                 leadership is moved to node 1 and the bench talks to node 1
@@ -23,7 +26,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 export GOFLAGS="${GOFLAGS:--buildvcs=false}"
-targets=${BENCH_TARGETS:-memory raft raft-always raft3 reference}
+targets=${BENCH_TARGETS:-memory raft raft-secure raft-always raft3 reference}
 
 work=$(mktemp -d)
 pids=()
@@ -66,6 +69,7 @@ for target in $targets; do
   data="$work/$target"
   mkdir -p "$data"
   url="http://127.0.0.1:$port/bench"
+  secure=()
   case $target in
     memory|raft)
       # shellcheck disable=SC2086
@@ -73,6 +77,20 @@ for target in $targets; do
         >"$out/$target-server.log" 2>&1 &
       pids+=($!)
       "$root/bin/ursula-bench" wait "http://127.0.0.1:$port/__ursula/ready"
+      ;;
+    raft-secure)
+      "$root/bin/ursula-bench" certs "$data"
+      token=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
+      printf '%s bench\n' "$token" >"$data/tokens"
+      printf '[server]\ntls_cert_file = "%s"\ntls_key_file = "%s"\n[auth]\ntoken_file = "%s"\n' \
+        "$data/node.crt" "$data/node.key" "$data/tokens" >"$data/ursula.toml"
+      # shellcheck disable=SC2086
+      "$root/bin/ursula" server --config "$data/ursula.toml" --listen "127.0.0.1:$port" --data "$data" ${URSULA_ARGS:-} \
+        >"$out/$target-server.log" 2>&1 &
+      pids+=($!)
+      "$root/bin/ursula-bench" wait --ca-file "$data/ca.crt" "https://127.0.0.1:$port/__ursula/ready"
+      url="https://127.0.0.1:$port/bench"
+      secure=(--ca-file "$data/ca.crt" --token "$token")
       ;;
     raft-always)
       printf '[raft.wal]\nfsync = "always"\n' >"$data/ursula.toml"
@@ -104,7 +122,7 @@ for target in $targets; do
     *) echo "unknown target $target" >&2; exit 2 ;;
   esac
   echo "== $target ($(nproc 2>/dev/null || echo ?) CPUs, shared with the load generator)"
-  bench --url "$url" --label "$target" --out "$out/$target.json" "$@"
+  bench --url "$url" --label "$target" --out "$out/$target.json" ${secure[@]+"${secure[@]}"} "$@"
   results+=("$out/$target.json")
   stop_all
 done

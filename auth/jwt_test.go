@@ -1,0 +1,134 @@
+package auth
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/pem"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/ursula-go/ursula/internal/testissuer"
+)
+
+const (
+	testIss = testissuer.Issuer
+	testAud = testissuer.Audience
+)
+
+func claims(sub string) jwt.MapClaims { return testissuer.Claims(sub, time.Hour) }
+
+func verifierOf(t testing.TB, is *testissuer.TestIssuer) *JWTVerifier {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	v, err := NewJWTVerifier(ctx, JWTConfig{Issuer: testIss, Audience: testAud, JWKSURL: is.JWKSURL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func TestJWTVerify(t *testing.T) {
+	is := testissuer.New(t, "k1")
+	v := verifierOf(t, is)
+	with := func(edit func(jwt.MapClaims)) jwt.MapClaims {
+		c := claims("alice")
+		edit(c)
+		return c
+	}
+	der, err := x509.MarshalPKIXPublicKey(is.PublicKey("k1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pemKey := pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der})
+	hsWith := func(secret []byte) string {
+		tok := jwt.NewWithClaims(jwt.SigningMethodHS256, claims("alice"))
+		tok.Header["kid"] = "k1"
+		tok.Header["typ"] = "at+jwt"
+		s, err := tok.SignedString(secret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	none := jwt.NewWithClaims(jwt.SigningMethodNone, claims("alice"))
+	none.Header["kid"] = "k1"
+	none.Header["typ"] = "at+jwt"
+	noneTok, err := none.SignedString(jwt.UnsafeAllowNoneSignatureType)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name  string
+		token string
+		ok    bool
+	}{
+		{"valid", is.Sign(t, "k1", claims("alice"), "at+jwt"), true},
+		{"media type typ", is.Sign(t, "k1", claims("alice"), "application/at+jwt"), true},
+		{"expired", is.Sign(t, "k1", with(func(c jwt.MapClaims) { c["exp"] = time.Now().Add(-time.Hour).Unix() }), "at+jwt"), false},
+		{"no exp", is.Sign(t, "k1", with(func(c jwt.MapClaims) { delete(c, "exp") }), "at+jwt"), false},
+		{"wrong audience", is.Sign(t, "k1", with(func(c jwt.MapClaims) { c["aud"] = "https://other.test" }), "at+jwt"), false},
+		{"wrong issuer", is.Sign(t, "k1", with(func(c jwt.MapClaims) { c["iss"] = "https://evil.test" }), "at+jwt"), false},
+		{"id token typ", is.Sign(t, "k1", claims("alice"), "JWT"), false},
+		{"no typ", is.Sign(t, "k1", claims("alice"), ""), false},
+		{"no sub", is.Sign(t, "k1", with(func(c jwt.MapClaims) { delete(c, "sub") }), "at+jwt"), false},
+		{"no client_id", is.Sign(t, "k1", with(func(c jwt.MapClaims) { delete(c, "client_id") }), "at+jwt"), false},
+		{"no jti", is.Sign(t, "k1", with(func(c jwt.MapClaims) { delete(c, "jti") }), "at+jwt"), false},
+		{"no iat", is.Sign(t, "k1", with(func(c jwt.MapClaims) { delete(c, "iat") }), "at+jwt"), false},
+		{"iat in the future", is.Sign(t, "k1", with(func(c jwt.MapClaims) { c["iat"] = time.Now().Add(time.Hour).Unix() }), "at+jwt"), false},
+		{"alg none", noneTok, false},
+		{"HS256 keyed with the public key PEM", hsWith(pemKey), false},
+		{"HS256 keyed with the public key DER", hsWith(der), false},
+		{"tampered payload", tamper(is.Sign(t, "k1", claims("alice"), "at+jwt")), false},
+		{"garbage", "not.a.token", false},
+	}
+	for _, c := range cases {
+		p, err := v.Verify(c.token)
+		if (err == nil) != c.ok {
+			t.Errorf("%s: err = %v, want ok=%v", c.name, err, c.ok)
+			continue
+		}
+		if c.ok && (p.Subject != "alice" || p.Issuer != testIss || p.Expires.IsZero()) {
+			t.Errorf("%s: principal %+v", c.name, p)
+		}
+	}
+}
+
+// tamper changes the subject of a signed token without signing it again.
+func tamper(tok string) string {
+	parts := strings.Split(tok, ".")
+	b, _ := base64.RawURLEncoding.DecodeString(parts[1])
+	b = []byte(strings.Replace(string(b), `"alice"`, `"mallory"`, 1))
+	parts[1] = base64.RawURLEncoding.EncodeToString(b)
+	return strings.Join(parts, ".")
+}
+
+func TestJWTKeyRotation(t *testing.T) {
+	is := testissuer.New(t, "k1")
+	v := verifierOf(t, is)
+	if _, err := v.Verify(is.Sign(t, "k1", claims("alice"), "at+jwt")); err != nil {
+		t.Fatalf("k1 before rotation: %v", err)
+	}
+	// A key that the JWKS does not publish is unknown, whoever signed with it.
+	is.AddKey(t, "k2")
+	is.Publish("k1")
+	if _, err := v.Verify(is.Sign(t, "k2", claims("alice"), "at+jwt")); err == nil {
+		t.Fatal("a token signed by an unpublished key verified")
+	}
+	// The issuer rotates to k2: the unknown kid makes the verifier fetch the JWKS again.
+	is.Publish("k1", "k2")
+	var err error
+	for i := 0; i < 3; i++ { // the refetch is rate limited to one a second
+		if _, err = v.Verify(is.Sign(t, "k2", claims("alice"), "at+jwt")); err == nil {
+			break
+		}
+		time.Sleep(1100 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("k2 after rotation: %v", err)
+	}
+}
