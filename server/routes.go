@@ -17,6 +17,13 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		s.preflight(w, r)
 		return
 	}
+	// The size of a request is its first check on every route: a declared body over the
+	// limit answers 413 before its headers, its path or its stream are looked at, so a
+	// client learns the one fault it cannot fix by retrying elsewhere.
+	if r.ContentLength > streamcore.MaxRequestBytes {
+		s.writeError(w, r, tooLarge(true))
+		return
+	}
 	switch raw {
 	case "/__ursula/ready":
 		s.handleReady(w, r)
@@ -97,7 +104,10 @@ func (s *Server) routeBucket(w http.ResponseWriter, r *http.Request, bucket stri
 		s.writeError(w, r, e)
 		return
 	}
-	drainBody(r)
+	if _, e := readBody(w, r); e != nil {
+		s.writeError(w, r, e) // a body without Content-Length is refused once it crosses the limit
+		return
+	}
 	w.WriteHeader(http.StatusCreated)
 }
 
