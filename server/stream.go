@@ -254,8 +254,9 @@ func (s *Server) handleRetain(w http.ResponseWriter, r *http.Request, t *target,
 		s.writeError(w, r, e) // a body without Content-Length is refused once it crosses the limit
 		return
 	}
-	res, e := s.propose(r.Context(), &streamcore.Command{Op: streamcore.OpRetain, Key: t.key, Now: s.now(), IfIncarnation: inc, Offset: off,
-		BoundaryChecked: s.cold.Boundary(t.key, off)})
+	c := &streamcore.Command{Op: streamcore.OpRetain, Key: t.key, Now: s.now(), IfIncarnation: inc, Offset: off}
+	s.cold.CheckBoundary(t.key, c)
+	res, e := s.propose(r.Context(), c)
 	if e != nil {
 		s.writeError(w, r, e)
 		return
