@@ -149,6 +149,7 @@ type fileConfig struct {
 		} `toml:"peers"`
 	} `toml:"raft"`
 	Storage storageConfig `toml:"storage"` // [storage.cold], cold.go
+	Runtime runtimeConfig `toml:"runtime"` // runtime.go
 }
 
 func runServer(args []string, stderr io.Writer) error {
@@ -199,6 +200,10 @@ func runServer(args []string, stderr io.Writer) error {
 	if *nodeID != 0 {
 		fc.Raft.NodeID = *nodeID
 	}
+	maxLive, err := fc.Runtime.maxLiveReaders()
+	if err != nil {
+		return err
+	}
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -248,7 +253,7 @@ func runServer(args []string, stderr io.Writer) error {
 		}
 	}
 	defer eng.Close()
-	srv := server.New(eng, server.Config{ClusterID: clusterID, Logger: logger})
+	srv := server.New(eng, server.Config{ClusterID: clusterID, Logger: logger, MaxLiveReaders: maxLive})
 	if err := enableCold(srv, &fc.Storage, dataDir, engineName, len(fc.Raft.Peers), logger); err != nil {
 		ln.Close()
 		return err
