@@ -224,8 +224,7 @@ func processClient() *client.Client {
 		if ms, err := strconv.Atoi(os.Getenv("URSULA_VFS_IDLE_MS")); err == nil && ms > 0 {
 			tr.IdleConnTimeout = time.Duration(ms) * time.Millisecond
 		}
-		sharedClient, _ = client.New("", client.WithHTTPClient(&http.Client{Transport: tr}),
-			client.WithUserAgent("sqlite-ursula-vfs/ursula-go"))
+		sharedClient, _ = client.New("", client.WithHTTPClient(&http.Client{Transport: tr}))
 		if p := os.Getenv("URSULA_VFS_TOKEN_FILE"); p != "" {
 			if b, err := os.ReadFile(p); err == nil {
 				sharedClient.SetToken(string(bytes.TrimSpace(b)))

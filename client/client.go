@@ -45,7 +45,7 @@ type Client struct {
 	ReadTimeout  time.Duration
 	// MaxRedirects bounds how many 307/308 hops a request follows (0: 5; negative: none).
 	MaxRedirects int
-	// UserAgent is sent on every request when set.
+	// UserAgent is sent on every request when set (New sets DefaultUserAgent).
 	UserAgent string
 
 	token  atomic.Pointer[string]
@@ -87,6 +87,7 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 		WriteTimeout: 30 * time.Second,
 		ReadTimeout:  30 * time.Second,
 		MaxRedirects: 5,
+		UserAgent:    DefaultUserAgent,
 	}
 	if baseURL != "" {
 		u, err := url.Parse(baseURL)

@@ -422,9 +422,10 @@ func (c *Tier) commitParts(key string, inc, ifInc, off uint64, ct, digest string
 	}
 	// Always conditional on the incarnation whose parts were copied: a stream recreated
 	// meanwhile is not published to.
-	res, e := propose(ctx, &streamcore.Command{Op: streamcore.OpPublishSnapshot, Key: key, Now: clockMs(), IfIncarnation: inc,
-		Offset: off, SnapshotType: ct, SnapshotDigest: digest, SnapshotColdKey: dst, SnapshotSize: uint64(total),
-		BoundaryChecked: c.Boundary(key, off)})
+	publish := &streamcore.Command{Op: streamcore.OpPublishSnapshot, Key: key, Now: clockMs(), IfIncarnation: inc,
+		Offset: off, SnapshotType: ct, SnapshotDigest: digest, SnapshotColdKey: dst, SnapshotSize: uint64(total)}
+	c.CheckBoundary(key, publish)
+	res, e := propose(ctx, publish)
 	c.UnstageSnapshot(dst, res, e)
 	final := e == nil || e.Status == http.StatusBadRequest || e.Status == http.StatusNotFound || e.Status == http.StatusConflict ||
 		e.Status == http.StatusGone || e.Status == http.StatusPreconditionFailed

@@ -119,13 +119,17 @@ func (c *Tier) ReadRange(key string, inc, from, to uint64) ([]byte, *streamcore.
 	return out, nil
 }
 
-// Boundary reports whether off, below the hot buffer of a JSON stream, is a message
-// boundary, by reading the byte before it from the cold tier. The answer goes into the
-// command (BoundaryChecked), since apply cannot read the store. Without a tier: false.
-func (c *Tier) Boundary(key string, off uint64) bool {
-	if c == nil || off == 0 {
-		return false
+// CheckBoundary settles, for a command at offset c.Offset of key, whether that offset,
+// below the hot buffer of a JSON stream, is a message boundary, by reading the byte
+// before it from the cold tier. The answer goes into the command (BoundaryChecked or
+// BoundaryRefuted), since apply cannot read the store; a failed read sets neither, and
+// apply answers 503 JSON_BOUNDARY_UNVERIFIED. Without a tier it sets neither.
+func (c *Tier) CheckBoundary(key string, cmd *streamcore.Command) {
+	cmd.BoundaryChecked, cmd.BoundaryRefuted = false, false
+	if c == nil || cmd.Offset == 0 {
+		return
 	}
+	off := cmd.Offset
 	var inc uint64
 	need := false
 	c.eng.View(key, clockMs(), func(_ *streamcore.State, str *streamcore.Stream) {
@@ -134,10 +138,13 @@ func (c *Tier) Boundary(key string, off uint64) bool {
 		}
 	})
 	if !need {
-		return false
+		return
 	}
 	b, e := c.ReadRange(key, inc, off-1, off)
-	return e == nil && len(b) == 1 && b[0] == '\n'
+	if e != nil || len(b) != 1 {
+		return
+	}
+	cmd.BoundaryChecked, cmd.BoundaryRefuted = b[0] == '\n', b[0] != '\n'
 }
 
 // DropCache forgets every cached block (tests that take the store away).

@@ -19,7 +19,7 @@ func (ct *Tier) StageSnapshot(key string, c *streamcore.Command) (string, *strea
 	if ct == nil {
 		return "", nil
 	}
-	c.BoundaryChecked = ct.Boundary(key, c.Offset)
+	ct.CheckBoundary(key, c)
 	if int64(len(c.Body)) < int64(ct.cfg.SnapshotMinSize) {
 		return "", nil
 	}

@@ -49,9 +49,23 @@ var ErrNoLeader = errors.New("no leader known for the stream's group")
 // Proposed reports that the command may have been proposed (leadership was lost after
 // it was handed to Raft): its outcome is then unknown and the answer carries no
 // not-applied marker.
+//
+// LeaderID, Group and Term name the leader, the group and the leader's term, so a
+// redirect lets a router cache the leader per group and drop a hint of an older term.
+// NoPeers reports a node configured without peers: no other node can take the write, so
+// its refusal is a server fault (500), not a routing answer.
 type NotLeaderError struct {
 	LeaderURL string
 	Proposed  bool
+	LeaderID  uint64
+	Group     uint64
+	Term      uint64
+	NoPeers   bool
+}
+
+// Is makes a refusal that knows no leader and proposed nothing match ErrNoLeader.
+func (e *NotLeaderError) Is(target error) bool {
+	return target == ErrNoLeader && e.LeaderURL == "" && !e.Proposed
 }
 
 func (e *NotLeaderError) Error() string {

@@ -19,7 +19,7 @@ const (
 	KindInvalidURL   Kind = "invalid_url"       // the stream URL cannot name a stream
 	KindDamaged      Kind = "damaged"           // the stream holds a record this version cannot read
 	KindUnavailable  Kind = "unavailable"       // the server could not be reached or answered 5xx
-	KindUnsupported  Kind = "unsupported"       // page size / journal mode the replicator does not support
+	KindUnsupported  Kind = "unsupported"       // page size, journal mode or stream format the replicator does not support
 	KindLocalSetup   Kind = "local_setup"       // a local file could not be read or written
 	KindInvalidArg   Kind = "invalid_argument"  // a path that cannot be a database file
 

@@ -106,13 +106,45 @@ type Record struct {
 }
 
 // frameError reports a damaged record: what is wrong with it and where it starts.
+// Foreign: the record starts with the magic of another implementation's format, so it is
+// not damage but a stream this version does not read.
 type frameError struct {
-	Offset uint64 // stream offset of the damaged record
-	Reason string
+	Offset  uint64 // stream offset of the damaged record
+	Reason  string
+	Foreign bool
 }
 
 func (e *frameError) Error() string {
+	if e.Foreign {
+		return fmt.Sprintf("ursula: record at stream offset %d: %s", e.Offset, e.Reason)
+	}
 	return fmt.Sprintf("ursula: damaged record at stream offset %d: %s", e.Offset, e.Reason)
+}
+
+func (e *frameError) Unwrap() error {
+	if e.Foreign {
+		return errForeignFormat
+	}
+	return nil
+}
+
+// errForeignFormat is wrapped by the errors about bytes in another implementation's
+// format: the original sqlite-ursula-vfs writes commit frames starting USQ1 and snapshot
+// bodies starting USS1 or USS2, whose layouts differ from ours (docs/frame-format.md).
+// Such a stream is refused by name rather than reported as damaged.
+var errForeignFormat = errors.New("ursula: the stream was written in another implementation's format")
+
+// foreignMagic names the format whose magic b starts with ("" when none of them).
+func foreignMagic(b []byte) string {
+	switch string(b[:min(len(b), 4)]) {
+	case "USQ1":
+		return "USQ1 (commit frames of the original sqlite-ursula-vfs)"
+	case "USS1":
+		return "USS1 (snapshot bodies of sqlite-ursula-vfs before 0.7; not attachable by any current version)"
+	case "USS2":
+		return "USS2 (snapshot bodies of the original sqlite-ursula-vfs 0.7)"
+	}
+	return ""
 }
 
 // errBadSnapshot is wrapped by every error of decodeSnapshot and readSnapshot about the
@@ -164,6 +196,10 @@ func DecodeRecords(b []byte, base uint64, maxFrame int) (recs []Record, consumed
 	for consumed < len(b) {
 		rest := b[consumed:]
 		off := base + uint64(consumed)
+		if f := foreignMagic(rest); f != "" {
+			return recs, consumed, &frameError{Offset: off, Foreign: true,
+				Reason: "written in the format " + f + ", which this implementation does not read; attach it with the implementation that wrote it, or use a new stream URL"}
+		}
 		if reason := checkHeader(rest[:min(len(rest), recordHeaderSize)], maxFrame); reason != "" {
 			return recs, consumed, &frameError{Offset: off, Reason: reason}
 		}
@@ -231,6 +267,11 @@ func encodeSnapshotV1(h SnapshotHeader, image []byte) ([]byte, error) {
 func parseSnapshotHeader(b []byte) (SnapshotHeader, error) {
 	bad := func(format string, args ...any) (SnapshotHeader, error) {
 		return SnapshotHeader{}, fmt.Errorf("%w: %s", errBadSnapshot, fmt.Sprintf(format, args...))
+	}
+	if f := foreignMagic(b); f != "" {
+		// Also errBadSnapshot: a reader that can do without the snapshot still may.
+		return SnapshotHeader{}, fmt.Errorf("%w: %w: the snapshot body is in the format %s, which this implementation does not read",
+			errForeignFormat, errBadSnapshot, f)
 	}
 	if [4]byte(b[:4]) != snapshotMagic {
 		return bad("bad magic %q", b[:4])

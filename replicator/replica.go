@@ -263,7 +263,12 @@ func Attach(ctx context.Context, streamURL, path string, opts Options) (*Replica
 			"%s is the local copy of %s, not %s; use another path, or spell the URL exactly as before", path, sc.URL, streamURL)
 	}
 	c := opts.Client
-	info, err := c.Head(ctx, streamURL)
+	r := &Replica{url: streamURL, path: path, opts: opts, stats: statsBuf{cap: opts.statsCap}}
+	var info *client.StreamInfo
+	err := r.attachRetry(ctx, "HEAD of the stream", func() (err error) {
+		info, err = c.Head(ctx, streamURL)
+		return err
+	})
 	if err != nil {
 		var ce *client.Error
 		if !errors.As(err, &ce) || ce.Status != http.StatusNotFound {
@@ -279,13 +284,17 @@ func Attach(ctx context.Context, streamURL, path string, opts Options) (*Replica
 			return nil, classifyRead(err, "HEAD of the new stream")
 		}
 	}
-	r := &Replica{url: streamURL, path: path, opts: opts, incarnation: info.Incarnation, stats: statsBuf{cap: opts.statsCap}}
+	r.incarnation = info.Incarnation
 	img, why := resume(ctx, r, sc, scErr, info)
 	if img == nil {
 		if sc != nil || scErr != nil || hasData {
 			r.logf("local_files_discarded", "file=%q reason=%q", path, why)
 		}
-		img, err = Restore(ctx, c, streamURL, path, 0, opts.MaxFrameBytes, nil)
+		r.logf("attach_rebuilding", "file=%q reason=%q", path, why)
+		err = r.attachRetry(ctx, "rebuilding from the stream", func() (err error) {
+			img, err = Restore(ctx, c, streamURL, path, 0, opts.MaxFrameBytes, nil)
+			return err
+		})
 		if err != nil {
 			return nil, err
 		}

@@ -130,6 +130,9 @@ func rebuild(ctx context.Context, c *client.Client, url string, f *os.File, img 
 			}
 			h, n, err := readSnapshot(body, f, maxSnapshotBody, maxSnapshotImage)
 			body.Close()
+			if errors.Is(err, errForeignFormat) {
+				return 0, newError(KindUnsupported, ActionFix, err, "snapshot at %d", snapOff)
+			}
 			if errors.Is(err, errBadSnapshot) {
 				return 0, newError(KindDamaged, ActionStop, err, "snapshot at %d", snapOff)
 			}
@@ -189,6 +192,9 @@ func replay(ctx context.Context, c *client.Client, url string, f *os.File, img *
 			pending = append(pending, data...)
 		}
 		recs, used, err := DecodeRecords(pending, pos, maxFrame)
+		if errors.Is(err, errForeignFormat) {
+			return newError(KindUnsupported, ActionFix, err, "stream record")
+		}
 		if err != nil {
 			return newError(KindDamaged, ActionStop, err, "stream record")
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -48,33 +49,56 @@ func (s *Server) propose(ctx context.Context, c *streamcore.Command) (streamcore
 	return res, nil
 }
 
-// CodeNotLeader is the error code of leader redirects and of 503s while no leader is known.
+// CodeNotLeader is the error code in the body of a leader redirect (307). While no leader
+// is known the answer is 503 with streamcore.CodeNoLeader.
 const CodeNotLeader = "NOT_LEADER"
+
+// Headers of routing answers: a redirect names the leader, its group and its term, so a
+// router can cache the leader per group and discard a hint of an older term; a 503 names
+// the group.
+const (
+	hdrRaftLeaderID = "x-ursula-raft-leader-id"
+	hdrRaftGroup    = "x-ursula-raft-group"
+	hdrRaftTerm     = "x-ursula-raft-term"
+)
 
 // leaderError maps a replicated engine's leadership errors to the answer: 307 to the
 // same path and query on the leader (writeError completes Location with the request's
-// path and query), or 503 + Retry-After: 1 while no leader is known.
+// path and query), or 503 NO_LEADER + Retry-After: 1 while no leader is known. A node
+// configured without peers answers 500 + Retry-After: 1 instead: no other node can take
+// the request. A write that may have been proposed answers 503 OUTCOME_UNKNOWN, never a
+// redirect, since it may have applied.
 // mark adds x-ursula-not-applied: NotLeader when the engine proposed nothing (nodes never
 // add x-ursula-not-applied-checked: that is the gateway's vouch). nil: not such an error.
 func leaderError(err error, mark bool) *streamcore.Error {
 	var nl *engine.NotLeaderError
-	var e *streamcore.Error
-	proposed := false
-	switch {
-	case errors.Is(err, engine.ErrNoLeader):
-		e = streamcore.Errorf(http.StatusServiceUnavailable, CodeNotLeader, "the stream's group has no leader yet").With(streamcore.HdrRetryAfter, "1")
-	case errors.As(err, &nl):
-		proposed = nl.Proposed
-		if nl.LeaderURL == "" {
-			e = streamcore.Errorf(http.StatusServiceUnavailable, CodeNotLeader, "the stream's group has no leader yet").With(streamcore.HdrRetryAfter, "1")
+	if !errors.As(err, &nl) {
+		if errors.Is(err, engine.ErrNoLeader) {
+			nl = &engine.NotLeaderError{}
 		} else {
-			e = streamcore.Errorf(http.StatusTemporaryRedirect, CodeNotLeader, "this node does not lead the stream's group").
-				With("Location", strings.TrimRight(nl.LeaderURL, "/"))
+			return nil
 		}
-	default:
-		return nil
 	}
-	if mark && !proposed {
+	group := strconv.FormatUint(nl.Group, 10)
+	var e *streamcore.Error
+	switch {
+	case nl.Proposed:
+		return streamcore.Errorf(http.StatusServiceUnavailable, streamcore.CodeOutcomeUnknown, "the node lost the group's leadership after proposing the write; its outcome is unknown").
+			With(streamcore.HdrRetryAfter, "1")
+	case nl.NoPeers:
+		e = streamcore.Errorf(http.StatusInternalServerError, streamcore.CodeInternal, "this node has no peers and does not lead the stream's group yet").
+			With(streamcore.HdrRetryAfter, "1")
+	case nl.LeaderURL == "":
+		e = streamcore.Errorf(http.StatusServiceUnavailable, streamcore.CodeNoLeader, "the stream's group has no leader yet").
+			With(streamcore.HdrRetryAfter, "1").With(hdrRaftGroup, group)
+	default:
+		e = streamcore.Errorf(http.StatusTemporaryRedirect, CodeNotLeader, "this node does not lead the stream's group").
+			With("Location", strings.TrimRight(nl.LeaderURL, "/")).
+			With(hdrRaftLeaderID, strconv.FormatUint(nl.LeaderID, 10)).
+			With(hdrRaftGroup, group).
+			With(hdrRaftTerm, strconv.FormatUint(nl.Term, 10))
+	}
+	if mark {
 		e.With(streamcore.HdrNotApplied, "NotLeader")
 	}
 	return e
@@ -97,7 +121,7 @@ func (s *Server) verifyLeader(w http.ResponseWriter, r *http.Request, key string
 	}
 	e := leaderError(err, false)
 	if e == nil {
-		e = streamcore.Errorf(http.StatusServiceUnavailable, CodeNotLeader, "could not confirm leadership of the stream's group").With(streamcore.HdrRetryAfter, "1")
+		e = streamcore.Errorf(http.StatusServiceUnavailable, streamcore.CodeNoLeader, "could not confirm leadership of the stream's group").With(streamcore.HdrRetryAfter, "1")
 	}
 	drainBody(r)
 	s.writeError(w, r, e)

@@ -1,9 +1,13 @@
 package server
 
 import (
+	"encoding/binary"
+	"encoding/hex"
 	"net/http"
 	"runtime"
 	"strings"
+
+	"lukechampine.com/blake3"
 
 	"github.com/ursula-go/ursula/streamcore"
 )
@@ -54,8 +58,9 @@ func (s *Server) handleImmutable(w http.ResponseWriter, r *http.Request, t *targ
 	case v.closed:
 		kindTag = "c"
 	}
-	etag := `"i` + u64(v.inc) + ":" + u64(v.start) + ":" + u64(v.end) + ":" + kindTag + `"`
-	h.Set("Content-Type", streamcore.ReadContentType(v.ct))
+	ct := streamcore.ReadContentType(v.ct)
+	etag := chunkETag(v.inc, v.start, v.end, kindTag, ct, v.data)
+	h.Set("Content-Type", ct)
 	h.Set(streamcore.HdrIncarnation, u64(v.inc))
 	h.Set(streamcore.HdrStreamOffset, streamcore.FormatOffset(v.start))
 	h.Set(streamcore.HdrStreamNextOff, streamcore.FormatOffset(v.end))
@@ -77,4 +82,22 @@ func (s *Server) handleImmutable(w http.ResponseWriter, r *http.Request, t *targ
 			w.Write(p)
 		}
 	}
+}
+
+// chunkETag is the strong validator of an immutable chunk: the incarnation token, the
+// range, how the range ends (b: below the tail, o: at the open tail, c: at the closed
+// tail), and a hash over the content type and the body, so that two answers under one
+// ETag are byte-for-byte and type-for-type the same. A chunk marked immutable ends below
+// the tail, so closing the stream later does not change its ETag.
+func chunkETag(inc, start, end uint64, kind, contentType string, body [][]byte) string {
+	hs := blake3.New(32, nil)
+	var n [8]byte
+	binary.LittleEndian.PutUint64(n[:], uint64(len(contentType)))
+	hs.Write(n[:])
+	hs.Write([]byte(contentType))
+	for _, p := range body {
+		hs.Write(p)
+	}
+	sum := hs.Sum(nil)
+	return `"i` + u64(inc) + ":" + u64(start) + ":" + u64(end) + ":" + kind + ":" + hex.EncodeToString(sum[:16]) + `"`
 }

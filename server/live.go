@@ -28,7 +28,7 @@ func (s *Server) nextCursor(client string) string {
 }
 
 func (s *Server) liveSlot(w http.ResponseWriter, r *http.Request) bool {
-	if s.live.Add(1) > int64(s.cfg.MaxLiveReaders) {
+	if n := s.live.Add(1); s.cfg.MaxLiveReaders > 0 && n > int64(s.cfg.MaxLiveReaders) {
 		s.live.Add(-1)
 		e := streamcore.Errorf(http.StatusServiceUnavailable, streamcore.CodeLiveReadBackpressure, "too many live readers on this node").
 			With(streamcore.HdrRetryAfter, "1")

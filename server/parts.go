@@ -191,8 +191,10 @@ func (s *Server) handleCommitParts(w http.ResponseWriter, r *http.Request, t *ta
 	}
 	if latest != nil && off == latest.Offset {
 		// A repeat of the published snapshot: the publish answers it from the key.
-		res, e := s.propose(r.Context(), &streamcore.Command{Op: streamcore.OpPublishSnapshot, Key: t.key, Now: s.now(), IfIncarnation: ifInc,
-			Offset: off, SnapshotType: ct, SnapshotDigest: digest, BoundaryChecked: s.cold.Boundary(t.key, off)})
+		c := &streamcore.Command{Op: streamcore.OpPublishSnapshot, Key: t.key, Now: s.now(), IfIncarnation: ifInc,
+			Offset: off, SnapshotType: ct, SnapshotDigest: digest}
+		s.cold.CheckBoundary(t.key, c)
+		res, e := s.propose(r.Context(), c)
 		if e != nil {
 			s.writeError(w, r, e)
 			return

@@ -23,6 +23,13 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		s.preflight(w, r)
 		return
 	}
+	// The size of a request is its first check on every route: a declared body over the
+	// limit answers 413 before its headers, its path or its stream are looked at, so a
+	// client learns the one fault it cannot fix by retrying elsewhere.
+	if r.ContentLength > streamcore.MaxRequestBytes {
+		s.writeError(w, r, tooLarge(true))
+		return
+	}
 	if raw == "/__ursula/ready" {
 		// Readiness stays open: load balancers probe it without credentials.
 		s.handleReady(w, r)
@@ -117,7 +124,10 @@ func (s *Server) routeBucket(w http.ResponseWriter, r *http.Request, bucket stri
 	if r = s.guard(w, r, bucket, auth.Write); r == nil {
 		return
 	}
-	drainBody(r)
+	if _, e := s.readBody(w, r); e != nil {
+		s.writeError(w, r, e) // a body without Content-Length is refused once it crosses the limit
+		return
+	}
 	w.WriteHeader(http.StatusCreated)
 }
 

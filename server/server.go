@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"log/slog"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -26,7 +27,7 @@ const (
 // Config holds the server settings.
 type Config struct {
 	ClusterID      string        // Ursula-Cluster-Id; generated when empty
-	MaxLiveReaders int           // long-poll + SSE readers per node (503 above it)
+	MaxLiveReaders int           // long-poll + SSE readers per node (503 above it); 0: 65536 per CPU, < 0: no limit
 	SSEMaxIdle     time.Duration // close idle SSE connections after this (0 = never)
 	Logger         *slog.Logger
 	Limits         Limits // request pacing and memory bounds; zero fields take defaults
@@ -57,7 +58,7 @@ func New(eng engine.Engine, cfg Config) *Server {
 		cfg.ClusterID = NewClusterID()
 	}
 	if cfg.MaxLiveReaders == 0 {
-		cfg.MaxLiveReaders = 100000
+		cfg.MaxLiveReaders = 65536 * runtime.GOMAXPROCS(0)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -218,7 +218,10 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request, t *target)
 		s.writeError(w, r, e)
 		return
 	}
-	drainBody(r)
+	if _, e := s.readBody(w, r); e != nil {
+		s.writeError(w, r, e) // a body without Content-Length is refused once it crosses the limit
+		return
+	}
 	var before uint64 // the incarnation deleted, for its staged snapshot parts
 	s.engine.View(t.key, s.now(), func(_ *streamcore.State, str *streamcore.Stream) {
 		if str != nil {
@@ -247,9 +250,13 @@ func (s *Server) handleRetain(w http.ResponseWriter, r *http.Request, t *target,
 		s.writeError(w, r, e)
 		return
 	}
-	drainBody(r)
-	res, e := s.propose(r.Context(), &streamcore.Command{Op: streamcore.OpRetain, Key: t.key, Now: s.now(), IfIncarnation: inc, Offset: off,
-		BoundaryChecked: s.cold.Boundary(t.key, off)})
+	if _, e := s.readBody(w, r); e != nil {
+		s.writeError(w, r, e) // a body without Content-Length is refused once it crosses the limit
+		return
+	}
+	c := &streamcore.Command{Op: streamcore.OpRetain, Key: t.key, Now: s.now(), IfIncarnation: inc, Offset: off}
+	s.cold.CheckBoundary(t.key, c)
+	res, e := s.propose(r.Context(), c)
 	if e != nil {
 		s.writeError(w, r, e)
 		return

@@ -31,8 +31,13 @@ func TestRecordChunk(t *testing.T) {
 	if cs := s.ColdChunksFor(16, 24); len(cs) != 1 || cs[0].Key != "k2" {
 		t.Fatalf("ColdChunksFor(16,24) = %v", cs)
 	}
-	// A snapshot at a cold offset needs the proposer's boundary check.
-	mustApply(t, st, &Command{Op: OpPublishSnapshot, Key: "b/s", Now: 4, Offset: 16, SnapshotDigest: "d"}, http.StatusBadRequest)
+	// A snapshot at a cold offset needs the proposer's boundary check: unverified, it is
+	// refused 503 and not applied; refuted, 400.
+	if r := st.Apply(&Command{Op: OpPublishSnapshot, Key: "b/s", Now: 4, Offset: 16, SnapshotDigest: "d"}); r.Err == nil ||
+		r.Status != http.StatusServiceUnavailable || r.Err.Code != CodeJSONBoundaryUnverified || s.Snapshot != nil {
+		t.Fatalf("unverified cold boundary: %+v", r)
+	}
+	mustApply(t, st, &Command{Op: OpPublishSnapshot, Key: "b/s", Now: 4, Offset: 16, SnapshotDigest: "d", BoundaryRefuted: true}, http.StatusBadRequest)
 	mustApply(t, st, &Command{Op: OpPublishSnapshot, Key: "b/s", Now: 4, Offset: 16, SnapshotDigest: "d", BoundaryChecked: true,
 		SnapshotColdKey: "snap", SnapshotSize: 5}, http.StatusNoContent)
 	if s.Snapshot.ColdKey != "snap" || s.Snapshot.BodySize() != 5 || s.Snapshot.Body != nil {
@@ -59,6 +64,34 @@ func TestBoundaryAtColdTail(t *testing.T) {
 	mustApply(t, st, &Command{Op: OpRecordChunk, Key: "b/s", Now: 3, IfIncarnation: s.Incarnation, ChunkKey: "k", Offset: 0, ChunkEnd: 8}, http.StatusNoContent)
 	mustApply(t, st, &Command{Op: OpCreate, Key: "b/f", Now: 6, TTL: -1, Fork: &ForkSpec{Source: "b/s"}, NewIncarnation: 9}, http.StatusCreated)
 	// The fork holds no hot byte: the boundary at its tail must be checked by the proposer.
-	mustApply(t, st, &Command{Op: OpPublishSnapshot, Key: "b/f", Now: 4, Offset: 8, SnapshotDigest: "d"}, http.StatusBadRequest)
+	mustApply(t, st, &Command{Op: OpPublishSnapshot, Key: "b/f", Now: 4, Offset: 8, SnapshotDigest: "d"}, http.StatusServiceUnavailable)
 	mustApply(t, st, &Command{Op: OpPublishSnapshot, Key: "b/f", Now: 4, Offset: 8, SnapshotDigest: "d", BoundaryChecked: true}, http.StatusNoContent)
+}
+
+// A JSON boundary that only the cold tier could show (protocol 21.5 and 24.3): a retention
+// whose offset the proposer could not verify answers 503 JSON_BOUNDARY_UNVERIFIED and
+// moves nothing; one it refuted answers 400 NOT_JSON_BOUNDARY; an offset in the hot
+// buffer is decided there whatever the proposer sent.
+func TestColdBoundaryUnverifiedIsNeverApplied(t *testing.T) {
+	st := NewState()
+	mustApply(t, st, create("b/s", "application/json", 1), http.StatusCreated)
+	for i := 0; i < 3; i++ {
+		mustApply(t, st, appendCmd("b/s", "application/json", `{"a":1}`+"\n", 2), http.StatusNoContent)
+	}
+	s := st.Streams["b/s"]
+	mustApply(t, st, &Command{Op: OpRecordChunk, Key: "b/s", Now: 3, IfIncarnation: s.Incarnation, ChunkKey: "k", Offset: 0, ChunkEnd: 16}, http.StatusNoContent)
+	mustApply(t, st, &Command{Op: OpPublishSnapshot, Key: "b/s", Now: 4, Offset: 24, SnapshotDigest: "d"}, http.StatusNoContent)
+	r := st.Apply(&Command{Op: OpRetain, Key: "b/s", Now: 5, Offset: 8})
+	if r.Err == nil || r.Status != http.StatusServiceUnavailable || r.Err.Code != CodeJSONBoundaryUnverified || r.Err.Headers[HdrRetryAfter] != "1" || s.Retained != 0 {
+		t.Fatalf("unverified: %+v retained %d", r, s.Retained)
+	}
+	r = st.Apply(&Command{Op: OpRetain, Key: "b/s", Now: 5, Offset: 8, BoundaryRefuted: true})
+	if r.Err == nil || r.Err.Code != CodeNotJSONBoundary || s.Retained != 0 {
+		t.Fatalf("refuted: %+v", r)
+	}
+	r = st.Apply(&Command{Op: OpRetain, Key: "b/s", Now: 5, Offset: 20, BoundaryChecked: true}) // hot, mid-message
+	if r.Err == nil || r.Err.Code != CodeNotJSONBoundary {
+		t.Fatalf("hot non-boundary: %+v", r)
+	}
+	mustApply(t, st, &Command{Op: OpRetain, Key: "b/s", Now: 5, Offset: 8, BoundaryChecked: true}, http.StatusNoContent)
 }

@@ -79,10 +79,13 @@ type Command struct {
 	// Cold tier. A snapshot publish whose body the proposer stored as an object carries
 	// its key and size instead of Body. BoundaryChecked: the proposer read the cold tier
 	// and found Offset to be a JSON message boundary (the hot buffer no longer holds the
-	// byte before it). Record chunk: ChunkKey holds [Offset, ChunkEnd).
+	// byte before it); BoundaryRefuted: it read that byte and found no boundary. Neither:
+	// the boundary is unverified and apply refuses rather than guess. Record chunk:
+	// ChunkKey holds [Offset, ChunkEnd).
 	SnapshotColdKey string
 	SnapshotSize    uint64
 	BoundaryChecked bool
+	BoundaryRefuted bool
 	ChunkKey        string
 	ChunkEnd        uint64
 }

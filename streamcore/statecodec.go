@@ -183,7 +183,7 @@ func AppendCommand(b []byte, c *Command) []byte {
 	e.s(c.SnapshotDigest)
 	e.s(c.SnapshotColdKey)
 	e.u(c.SnapshotSize)
-	e.bool(c.BoundaryChecked)
+	e.byte(boundaryVerdict(c))
 	e.s(c.ChunkKey)
 	e.u(c.ChunkEnd)
 	return e.b
@@ -228,7 +228,15 @@ func DecodeCommand(b []byte) (*Command, error) {
 	c.SnapshotDigest = d.s()
 	c.SnapshotColdKey = d.s()
 	c.SnapshotSize = d.u()
-	c.BoundaryChecked = d.bool()
+	switch d.byte() {
+	case 0:
+	case 1:
+		c.BoundaryChecked = true
+	case 2:
+		c.BoundaryRefuted = true
+	default:
+		d.fail()
+	}
 	c.ChunkKey = d.s()
 	c.ChunkEnd = d.u()
 	if err := d.finish(); err != nil {
@@ -592,4 +600,16 @@ func (b *Buffer) frozen() Buffer {
 		nb.blocks[i] = blk[:len(blk):len(blk)]
 	}
 	return nb
+}
+
+// boundaryVerdict is the one byte of a command's cold boundary check: 0 unverified,
+// 1 a boundary, 2 not a boundary. A log written before refutations existed holds 0 or 1.
+func boundaryVerdict(c *Command) byte {
+	switch {
+	case c.BoundaryChecked:
+		return 1
+	case c.BoundaryRefuted:
+		return 2
+	}
+	return 0
 }

@@ -13,7 +13,7 @@ import (
 // The codec writes every field by hand. These lists are the fields it knows; adding a field
 // to one of these types fails this test until the codec (and the list) learn it.
 var codecFields = map[reflect.Type][]string{
-	reflect.TypeFor[Command]():         {"Op", "Key", "Now", "IfIncarnation", "ContentType", "TTL", "ExpiresAt", "ExpiresAtMs", "NewIncarnation", "Fork", "Body", "Messages", "Close", "StreamSeq", "BodyFault", "Producer", "DigestBad", "WithIncHdr", "Offset", "SnapshotType", "SnapshotDigest", "SnapshotColdKey", "SnapshotSize", "BoundaryChecked", "ChunkKey", "ChunkEnd"},
+	reflect.TypeFor[Command]():         {"Op", "Key", "Now", "IfIncarnation", "ContentType", "TTL", "ExpiresAt", "ExpiresAtMs", "NewIncarnation", "Fork", "Body", "Messages", "Close", "StreamSeq", "BodyFault", "Producer", "DigestBad", "WithIncHdr", "Offset", "SnapshotType", "SnapshotDigest", "SnapshotColdKey", "SnapshotSize", "BoundaryChecked", "BoundaryRefuted", "ChunkKey", "ChunkEnd"},
 	reflect.TypeFor[ProducerHeaders](): {"ID", "Epoch", "Seq", "Digest"},
 	reflect.TypeFor[ForkSpec]():        {"Source", "Offset", "HasOffset", "SubOffset"},
 	reflect.TypeFor[Error]():           {"Status", "Code", "Message", "Headers"},
@@ -156,10 +156,11 @@ func TestCommandRoundTrip(t *testing.T) {
 		StreamSeq: "s", BodyFault: Errorf(400, "BAD", "bad").With("A", "1").With("B", "2"), Producer: &ProducerHeaders{ID: "p", Epoch: 1, Seq: 2, Digest: "d"},
 		DigestBad: true, WithIncHdr: true, Offset: 8, SnapshotType: "t", SnapshotDigest: "sd",
 		SnapshotColdKey: "ck", SnapshotSize: 5, BoundaryChecked: true, ChunkKey: "k", ChunkEnd: 9}
-	// Every field is set to a non-zero value, so a forgotten field shows up.
+	// Every field is set to a non-zero value, so a forgotten field shows up; the two
+	// boundary verdicts exclude each other, and the refutation round-trips below.
 	v := reflect.ValueOf(c).Elem()
 	for i := range v.NumField() {
-		if v.Field(i).IsZero() {
+		if v.Field(i).IsZero() && v.Type().Field(i).Name != "BoundaryRefuted" {
 			t.Fatalf("fixture leaves %s zero", v.Type().Field(i).Name)
 		}
 	}
@@ -176,6 +177,10 @@ func TestCommandRoundTrip(t *testing.T) {
 	}
 	if _, err := DecodeCommand(append(b, 0)); err == nil {
 		t.Fatal("trailing bytes accepted")
+	}
+	c.BoundaryChecked, c.BoundaryRefuted = false, true
+	if got, err := DecodeCommand(AppendCommand(nil, c)); err != nil || !reflect.DeepEqual(c, got) {
+		t.Fatalf("refuted boundary round trip: %v %+v", err, got)
 	}
 }
 

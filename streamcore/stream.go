@@ -491,8 +491,10 @@ func (st *State) publishSnapshot(c *Command) Result {
 				With(HdrSnapshotOffset, FormatOffset(sn.Offset)).With(HdrSnapshotDigest, sn.Digest))
 		}
 	}
-	if s.IsJSON() && !s.IsBoundary(c.Offset) && !s.coldBoundary(c) {
-		return fail(Errorf(http.StatusBadRequest, CodeNotJSONBoundary, "snapshot offset is not a JSON message boundary"))
+	if s.IsJSON() && !s.IsBoundary(c.Offset) {
+		if e := s.coldBoundaryFault(c, "snapshot"); e != nil {
+			return fail(e)
+		}
 	}
 	if c.IfIncarnation != 0 && c.IfIncarnation != s.Incarnation {
 		return fail(s.mismatch())
@@ -521,8 +523,10 @@ func (st *State) retain(c *Command) Result {
 		if s.Snapshot == nil || c.Offset > s.Snapshot.Offset {
 			return fail(Errorf(http.StatusBadRequest, CodeInvalidRetention, "retention cannot move past the latest snapshot"))
 		}
-		if s.IsJSON() && !s.IsBoundary(c.Offset) && !s.coldBoundary(c) {
-			return fail(Errorf(http.StatusBadRequest, CodeNotJSONBoundary, "retention offset is not a JSON message boundary"))
+		if s.IsJSON() && !s.IsBoundary(c.Offset) {
+			if e := s.coldBoundaryFault(c, "retention"); e != nil {
+				return fail(e)
+			}
 		}
 	}
 	if c.IfIncarnation != 0 && c.IfIncarnation != s.Incarnation {
@@ -552,10 +556,22 @@ func (s *Stream) trimAppends(off uint64) {
 	}
 }
 
-// coldBoundary reports whether c carries the proposer's check that c.Offset, below the
-// hot buffer, is a message boundary.
-func (s *Stream) coldBoundary(c *Command) bool {
-	return c.BoundaryChecked && c.Offset > s.Retained && c.Offset <= s.Data.Base() && c.Offset <= s.Tail()
+// coldBoundaryFault is the refusal of an offset of a JSON stream that the hot buffer does
+// not show to be a message boundary (nil: the proposer's cold read showed it is one). An
+// offset whose preceding byte lies only in the cold tier is decided by the proposer's
+// read: refuted answers 400 NOT_JSON_BOUNDARY; unverified (no read, or the read failed,
+// or the byte left the hot buffer after the read) answers 503 JSON_BOUNDARY_UNVERIFIED,
+// so an offset is never published or retained on a guess.
+func (s *Stream) coldBoundaryFault(c *Command, what string) *Error {
+	inCold := c.Offset > s.Retained && c.Offset <= s.Data.Base() && c.Offset <= s.Tail()
+	switch {
+	case inCold && c.BoundaryChecked:
+		return nil
+	case inCold && !c.BoundaryRefuted:
+		return Errorf(http.StatusServiceUnavailable, CodeJSONBoundaryUnverified, "%s offset could not be verified as a JSON message boundary from the cold tier", what).
+			With(HdrRetryAfter, "1")
+	}
+	return Errorf(http.StatusBadRequest, CodeNotJSONBoundary, "%s offset is not a JSON message boundary", what)
 }
 
 // trimChunks forgets the chunks wholly below off.

@@ -203,6 +203,7 @@ type fileConfig struct {
 	} `toml:"raft"`
 	Storage storageConfig `toml:"storage"` // [storage.cold], cold.go
 	Limits  limitsConfig  `toml:"limits"`  // limits.go
+	Runtime runtimeConfig `toml:"runtime"` // runtime.go
 }
 
 func runServer(args []string, stderr io.Writer) error {
@@ -254,6 +255,10 @@ func runServer(args []string, stderr io.Writer) error {
 	}
 	if *nodeID != 0 {
 		fc.Raft.NodeID = *nodeID
+	}
+	maxLive, err := fc.Runtime.maxLiveReaders()
+	if err != nil {
+		return err
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
 	if *cpuProfile != "" {
@@ -319,6 +324,14 @@ func runServer(args []string, stderr io.Writer) error {
 		}
 	}
 	defer eng.Close()
+	// The live-reader bound: [limits] keeps it below the connection cap; the spec's
+	// runtime.live_read_max_waiters_per_core may lower it (or, at 0, leave only that cap).
+	switch {
+	case maxLive > 0:
+		lim.maxLive = min(lim.maxLive, maxLive)
+	case maxLive < 0:
+		lim.maxLive = -1
+	}
 	srv := server.New(eng, server.Config{ClusterID: clusterID, Logger: logger, MaxLiveReaders: lim.maxLive, Limits: lim.server,
 		Auth: sec.auth, CORSAllowedOrigins: fc.Server.CORSAllowedOrigins})
 	if lim.guard != nil {

@@ -25,8 +25,7 @@
 // Not implemented yet (see the README's cluster section): the recovery gate and vote floor
 // that keep a node which may have lost acknowledged entries under fsync=never from voting;
 // learners and membership changes (the voter set is static); forwarding of reads from
-// followers to the leader (followers redirect instead); a leadership balancer; the 500
-// answer of a node without peers (a single voter answers 503 during its first election).
+// followers to the leader (followers redirect instead); a leadership balancer.
 package raftengine
 
 import (
@@ -370,14 +369,13 @@ func (e *Engine) route(c *streamcore.Command) *group {
 
 func (e *Engine) leaderErr(g *group, proposed bool) error {
 	_, id := g.r.LeaderWithID()
+	nl := &engine.NotLeaderError{Proposed: proposed, Group: g.id, NoPeers: len(e.cfg.Peers) == 1}
 	if id == "" || id == serverID(e.cfg.NodeID) {
-		if !proposed {
-			return engine.ErrNoLeader
-		}
-		return &engine.NotLeaderError{Proposed: true}
+		return nl // no leader known: matches engine.ErrNoLeader unless proposed
 	}
 	p, _ := e.peerByID(id)
-	return &engine.NotLeaderError{LeaderURL: p.URL, Proposed: proposed}
+	nl.LeaderURL, nl.LeaderID, nl.Term = p.URL, p.ID, g.r.CurrentTerm()
+	return nl
 }
 
 // Propose implements engine.Engine.

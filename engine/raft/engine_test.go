@@ -192,7 +192,9 @@ func TestThreeVoters(t *testing.T) {
 		t.Fatal("follower accepted a write")
 	} else {
 		var nl *engine.NotLeaderError
-		if !errors.As(err, &nl) || nl.Proposed || nl.LeaderURL != peers[leader-1].URL {
+		// The refusal names the leader, the group and the term for the redirect's headers.
+		if !errors.As(err, &nl) || nl.Proposed || nl.LeaderURL != peers[leader-1].URL ||
+			nl.LeaderID != peers[leader-1].ID || nl.Group != g || nl.Term == 0 || nl.NoPeers {
 			t.Fatalf("follower error: %#v", err)
 		}
 	}

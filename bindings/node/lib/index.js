@@ -4,13 +4,25 @@
 // It loads Ursula's SQLite extension (libursula_vfs.so) into better-sqlite3's SQLite,
 // attaches a local file to a stream with ursula_attach and opens it with the ursula VFS:
 // every commit returns only after the stream acknowledged it. The extension is found
-// through URSULA_VFS_EXTENSION (a path) or the repository's bin/libursula_vfs.so.
+// through SQLITE_URSULA_VFS or URSULA_VFS_EXTENSION (a path; the first is the name other
+// packagings of the extension read) or the repository's bin/libursula_vfs.so.
+//
+// Entries: this one (better-sqlite3, any Node from 20), ./node-sqlite (node:sqlite, where
+// the running Node has it with extension loading) and ./pi (the Pi Durable adapter).
 
 const crypto = require('node:crypto');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
-const Database = require('better-sqlite3');
+// better-sqlite3 is needed by this entry's connections only: the ./node-sqlite and ./pi
+// entries reuse its errors and naming without it.
+const Database = (() => {
+  try {
+    return require('better-sqlite3');
+  } catch {
+    return null;
+  }
+})();
 
 // ---- errors (checklist W) -----------------------------------------------------------------
 
@@ -81,8 +93,10 @@ function fromFunctionError(e) {
 
 // ---- the extension --------------------------------------------------------------------------
 
+// extensionPath: SQLITE_URSULA_VFS, else its alias URSULA_VFS_EXTENSION, else the repository's build.
 function extensionPath() {
-  return process.env.URSULA_VFS_EXTENSION || path.resolve(__dirname, '..', '..', '..', 'bin', 'libursula_vfs.so');
+  return process.env.SQLITE_URSULA_VFS || process.env.URSULA_VFS_EXTENSION ||
+    path.resolve(__dirname, '..', '..', '..', 'bin', 'libursula_vfs.so');
 }
 
 let loader = null;
@@ -90,6 +104,9 @@ let loader = null;
 // loaded it (the SQL functions live there). From then on ursula is the default VFS.
 function loadUrsulaVfs() {
   if (loader) return loader;
+  if (!Database) {
+    throw new UrsulaSetupError('better-sqlite3 is not installed: run `npm ci` here, or use the ./node-sqlite entry', { kind: 'local_setup' });
+  }
   const p = extensionPath();
   if (!fs.existsSync(p)) {
     throw new UrsulaSetupError(`the Ursula SQLite extension is not at ${p}: run \`make extension\` or set URSULA_VFS_EXTENSION`, { kind: 'local_setup' });
@@ -303,7 +320,7 @@ function guard(db, fn) {
 
 // UrsulaDatabase is a better-sqlite3 Database of an attached file whose failed commits and
 // reads (exec, and run/get/all/iterate of its statements) throw UrsulaError subclasses.
-class UrsulaDatabase extends Database {
+class UrsulaDatabase extends (Database || class {}) {
   prepare(sql) {
     const st = super.prepare(sql);
     const db = this;
@@ -375,6 +392,8 @@ function open(url, options = {}) {
 module.exports = {
   open, attach, status, stats, setToken, loadUrsulaVfs, extensionPath,
   localPath, canonicalURL, defaultFileName,
+  // for the ./node-sqlite and ./pi entries, not an API
+  internal: { absPath, fromFunctionError, errorClass, actionFor },
   UrsulaError, UrsulaWriteRefusedError, UrsulaPaymentRequiredError, UrsulaReplicationError,
   UrsulaReattachError, UrsulaFencedError, UrsulaSetupError, UrsulaDatabase,
 };

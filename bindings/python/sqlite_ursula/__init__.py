@@ -10,8 +10,8 @@ SQLite, attaches a local file to a stream with ``ursula_attach`` and opens it wi
     db.execute("INSERT INTO notes VALUES ('hello')")
     db.commit()
 
-The extension is found through ``URSULA_VFS_EXTENSION`` (a path) or the repository's
-build output ``bin/libursula_vfs.so`` (``make extension``).
+The extension is found through ``SQLITE_URSULA_VFS`` or its alias ``URSULA_VFS_EXTENSION``
+(a path) or the repository's build output ``bin/libursula_vfs.so`` (``make extension``).
 """
 
 import fcntl
@@ -135,9 +135,9 @@ _loader = None
 
 
 def extension_path():
-    """URSULA_VFS_EXTENSION, else bin/libursula_vfs.so of the repository this package
-    lives in."""
-    p = os.environ.get("URSULA_VFS_EXTENSION")
+    """SQLITE_URSULA_VFS, else its alias URSULA_VFS_EXTENSION, else bin/libursula_vfs.so of
+    the repository this package lives in."""
+    p = os.environ.get("SQLITE_URSULA_VFS") or os.environ.get("URSULA_VFS_EXTENSION")
     if p:
         return p
     here = os.path.dirname(os.path.abspath(__file__))
@@ -153,7 +153,7 @@ def load():
             path = extension_path()
             if not os.path.exists(path):
                 raise SetupError("the Ursula SQLite extension is not at %s: run `make extension` "
-                                 "or set URSULA_VFS_EXTENSION" % path, kind="local_setup")
+                                 "or set SQLITE_URSULA_VFS" % path, kind="local_setup")
             c = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
             c.enable_load_extension(True)
             try:

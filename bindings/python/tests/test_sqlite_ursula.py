@@ -149,6 +149,19 @@ class OpenTest(unittest.TestCase):
         su.set_token("secret")
         su.set_token(None)
 
+    def test_extension_path_alias(self):
+        """SQLITE_URSULA_VFS names the extension to load, as URSULA_VFS_EXTENSION does, and
+        wins when both are set (vfs A4)."""
+        ext = su.extension_path()
+        env = {k: v for k, v in os.environ.items() if k not in ("SQLITE_URSULA_VFS", "URSULA_VFS_EXTENSION")}
+        code = "su.load(); print(su.extension_path())"
+        for extra in ({"SQLITE_URSULA_VFS": ext}, {"URSULA_VFS_EXTENSION": ext},
+                      {"SQLITE_URSULA_VFS": ext, "URSULA_VFS_EXTENSION": "/nowhere.so"}):
+            e = dict(env, **extra)
+            r = subprocess.run([sys.executable, "-c", "import sys\nsys.path.insert(0, %r)\nimport sqlite_ursula as su\n" % PKG + code],
+                               capture_output=True, text=True, env=e, timeout=120)
+            self.assertEqual(r.stdout.strip(), ext, r.stderr)
+
     def test_journal_mode_refused(self):
         db = su.open(BASE + "/pybind/journal", path=os.path.join(TMP, "journal.db"))
         with self.assertRaises(sqlite3.OperationalError) as cm:
