@@ -52,8 +52,7 @@ func TestServeAndShutdown(t *testing.T) {
 		}
 		deadline := time.Now().Add(10 * time.Second)
 		for time.Now().Before(deadline) {
-			if i := strings.Index(logs.String(), "addr="); i >= 0 {
-				addr := strings.Fields(logs.String()[i+5:])[0]
+			if addr := clientAddr(logs.String()); addr != "" {
 				return cmd, "http://" + addr
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -100,4 +99,18 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// clientAddr is the client listener's address from a server's log ("" until logged): the
+// addr= of the "ursula listening" line (the admin listener logs an addr= of its own).
+func clientAddr(logs string) string {
+	j := strings.Index(logs, "ursula listening")
+	if j < 0 {
+		return ""
+	}
+	i := strings.Index(logs[j:], "addr=")
+	if i < 0 {
+		return ""
+	}
+	return strings.Fields(logs[j+i+5:])[0]
 }

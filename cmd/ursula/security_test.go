@@ -71,8 +71,8 @@ token_file = "`+tokens+`"
 	defer func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() }()
 	var base string
 	for deadline := time.Now().Add(20 * time.Second); base == "" && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if i := strings.Index(logs.String(), "addr="); i >= 0 {
-			base = "https://" + strings.Fields(logs.String()[i+5:])[0]
+		if a := clientAddr(logs.String()); a != "" {
+			base = "https://" + a
 		}
 	}
 	if base == "" {
