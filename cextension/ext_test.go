@@ -89,7 +89,7 @@ func build() (*env, error) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	srv := exec.Command(e.ursula, "server", "--engine", "memory", "--listen", addr, "--data", filepath.Join(dir, "data"))
+	srv := exec.Command(e.ursula, "server", "--engine", "memory", "--listen", addr, "--admin-listen", "127.0.0.1:0", "--data", filepath.Join(dir, "data"))
 	if err := srv.Start(); err != nil {
 		return e, err
 	}

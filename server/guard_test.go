@@ -121,20 +121,22 @@ func TestAuthRefusals(t *testing.T) {
 	}
 }
 
+// TestAuthCORSOrigins: stream routes grant configured origins only (operational routes
+// grant none: see isOpsPath), never with credentials.
 func TestAuthCORSOrigins(t *testing.T) {
 	ts, _ := newAuthServer(t, []string{"https://app.test"})
-	a := do(t, "GET", ts.URL+"/__ursula/ready", "", "Origin", "https://app.test")
+	a := do(t, "GET", ts.URL+"/tenant-x/none", "", "Origin", "https://app.test")
 	if a.h.Get("Access-Control-Allow-Origin") != "https://app.test" || a.h.Get("Access-Control-Expose-Headers") != "*" || a.h.Get("Vary") != "Origin" {
 		t.Fatalf("listed origin: %v", a.h)
 	}
 	if a.h.Get("Access-Control-Allow-Credentials") != "" {
 		t.Fatal("credentials allowed")
 	}
-	if o := do(t, "GET", ts.URL+"/__ursula/ready", "", "Origin", "https://evil.test").h.Get("Access-Control-Allow-Origin"); o != "" {
+	if o := do(t, "GET", ts.URL+"/tenant-x/none", "", "Origin", "https://evil.test").h.Get("Access-Control-Allow-Origin"); o != "" {
 		t.Fatalf("unlisted origin allowed: %q", o)
 	}
 	// A node without auth and without configured origins stays open to every origin.
-	if o := do(t, "GET", newTestServer(t).URL+"/__ursula/ready", "", "Origin", "https://x.test").h.Get("Access-Control-Allow-Origin"); o != "*" {
+	if o := do(t, "GET", newTestServer(t).URL+"/tenant-x/none", "", "Origin", "https://x.test").h.Get("Access-Control-Allow-Origin"); o != "*" {
 		t.Fatalf("bare node: Access-Control-Allow-Origin %q", o)
 	}
 }

@@ -75,7 +75,7 @@ func run(n int, ursula, so string) error {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	srv := exec.Command(ursula, "server", "--engine", "memory", "--listen", addr, "--data", filepath.Join(dir, "data"))
+	srv := exec.Command(ursula, "server", "--engine", "memory", "--listen", addr, "--admin-listen", "127.0.0.1:0", "--data", filepath.Join(dir, "data"))
 	if err := srv.Start(); err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -42,7 +43,26 @@ type node struct {
 	cmd  *exec.Cmd
 	addr string
 	url  string
-	log  *bytes.Buffer
+	log  *lockedBuffer
+}
+
+// lockedBuffer is the server's output, written by the process's copier and read by the
+// test at once.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // start runs a server with the given [limits] lines on a free loopback port.
@@ -58,8 +78,8 @@ func start(t *testing.T, dataDir string, limits string) *node {
 	if err := os.WriteFile(cfg, []byte("[limits]\n"+limits+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	n := &node{addr: addr, url: "http://" + addr, log: &bytes.Buffer{}}
-	n.cmd = exec.Command(binPath, "server", "--listen", addr, "--data", dataDir, "--config", cfg)
+	n := &node{addr: addr, url: "http://" + addr, log: &lockedBuffer{}}
+	n.cmd = exec.Command(binPath, "server", "--listen", addr, "--admin-listen", "127.0.0.1:0", "--data", dataDir, "--config", cfg)
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
 	if err := n.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -73,7 +73,7 @@ for target in $targets; do
   case $target in
     memory|raft)
       # shellcheck disable=SC2086
-      "$root/bin/ursula" server --engine "$target" --listen "127.0.0.1:$port" --data "$data" ${URSULA_ARGS:-} \
+      "$root/bin/ursula" server --engine "$target" --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 --data "$data" ${URSULA_ARGS:-} \
         >"$out/$target-server.log" 2>&1 &
       pids+=($!)
       "$root/bin/ursula-bench" wait "http://127.0.0.1:$port/__ursula/ready"
@@ -85,7 +85,7 @@ for target in $targets; do
       printf '[server]\ntls_cert_file = "%s"\ntls_key_file = "%s"\n[auth]\ntoken_file = "%s"\n' \
         "$data/node.crt" "$data/node.key" "$data/tokens" >"$data/ursula.toml"
       # shellcheck disable=SC2086
-      "$root/bin/ursula" server --config "$data/ursula.toml" --listen "127.0.0.1:$port" --data "$data" ${URSULA_ARGS:-} \
+      "$root/bin/ursula" server --config "$data/ursula.toml" --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 --data "$data" ${URSULA_ARGS:-} \
         >"$out/$target-server.log" 2>&1 &
       pids+=($!)
       "$root/bin/ursula-bench" wait --ca-file "$data/ca.crt" "https://127.0.0.1:$port/__ursula/ready"
@@ -95,7 +95,7 @@ for target in $targets; do
     raft-always)
       printf '[raft.wal]\nfsync = "always"\n' >"$data/ursula.toml"
       # shellcheck disable=SC2086
-      "$root/bin/ursula" server --config "$data/ursula.toml" --listen "127.0.0.1:$port" --data "$data" ${URSULA_ARGS:-} \
+      "$root/bin/ursula" server --config "$data/ursula.toml" --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 --data "$data" ${URSULA_ARGS:-} \
         >"$out/$target-server.log" 2>&1 &
       pids+=($!)
       "$root/bin/ursula-bench" wait "http://127.0.0.1:$port/__ursula/ready"

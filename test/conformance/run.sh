@@ -42,7 +42,7 @@ for mode in $modes; do
     memory|raft)
       port=$(freeport)
       url="http://127.0.0.1:$port"
-      "$root/bin/ursula" server --engine "$mode" --listen "127.0.0.1:$port" --data "$data" >"$data/server.log" 2>&1 &
+      "$root/bin/ursula" server --engine "$mode" --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 --data "$data" >"$data/server.log" 2>&1 &
       pids+=($!)
       waitready "$url"
       ;;

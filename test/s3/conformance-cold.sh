@@ -49,7 +49,7 @@ TOML
 fi
 port=$(freeport)
 url="http://127.0.0.1:$port"
-"$root/bin/ursula" server --config "$data/ursula.toml" --listen "127.0.0.1:$port" --data "$data" >"$data/server.log" 2>&1 &
+"$root/bin/ursula" server --config "$data/ursula.toml" --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 --data "$data" >"$data/server.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do curl -fsS "$url/__ursula/ready" >/dev/null 2>&1 && break; sleep 0.1; done
 echo "== conformance with a $backend cold tier, $engine engine ($url)"

@@ -42,7 +42,7 @@ async function waitPort(port) {
 before(async () => {
   tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'ursula-sqlite-test'));
   const port = await freePort();
-  server = spawn(URSULA, ['server', '--engine', 'memory', '--listen', `127.0.0.1:${port}`, '--data', path.join(tmp, 'data')], { stdio: 'ignore' });
+  server = spawn(URSULA, ['server', '--engine', 'memory', '--listen', `127.0.0.1:${port}`, '--admin-listen', '127.0.0.1:0', '--data', path.join(tmp, 'data')], { stdio: 'ignore' });
   await waitPort(port);
   base = `http://127.0.0.1:${port}`;
 });

@@ -36,7 +36,7 @@ def setUpModule():
     port = s.getsockname()[1]
     s.close()
     server = subprocess.Popen([URSULA, "server", "--engine", "memory", "--listen", "127.0.0.1:%d" % port,
-                               "--data", os.path.join(TMP, "data")],
+                               "--admin-listen", "127.0.0.1:0", "--data", os.path.join(TMP, "data")],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(200):
         try:
@@ -269,7 +269,7 @@ class TLSTest(unittest.TestCase):
         s.close()
         with open(d("node.toml"), "w") as f:
             f.write('[server]\nlisten = "127.0.0.1:%d"\nengine = "memory"\ndata_dir = "%s"\n'
-                    'tls_cert_file = "%s"\ntls_key_file = "%s"\n[auth]\ntoken_file = "%s"\n'
+                    'admin_listen = "127.0.0.1:0"\ntls_cert_file = "%s"\ntls_key_file = "%s"\n[auth]\ntoken_file = "%s"\n'
                     % (port, d("data"), d("node.crt"), d("node.key"), d("tokens")))
         self.server = subprocess.Popen([URSULA, "server", "--config", d("node.toml")],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
