@@ -47,8 +47,8 @@ type Options struct {
 	tokenSeen uint64 // tokenVersion last applied
 
 	// Set by this package's tests only; zero takes the default.
-	statsCap          int           // measurements kept per kind between drains (defaultStatsCap)
-	outagePullForward time.Duration // see defaultOutagePullForward
+	statsCap          int              // measurements kept per kind between drains (defaultStatsCap)
+	outagePullForward time.Duration    // see defaultOutagePullForward
 	now               func() time.Time // the clock of the idle re-claim (time.Now)
 }
 
@@ -223,20 +223,20 @@ type Replica struct {
 	// commit succeeds or the replica is poisoned.
 	payment   string
 	installed uint64 // snapshot offset the last attach installed (0: none)
-	stopErr  *Error // the poison or fence that stopped this replica
+	stopErr   *Error // the poison or fence that stopped this replica
 	// refused is a commit that failed on a refusal that proved nothing (no vouched
 	// not-applied marker): a proxy may have answered after the stream applied it. The
 	// next commit first learns whether it did (checkRefused).
-	refused  *refusedCommit
+	refused *refusedCommit
 	// lastWrite is when this owner last wrote the stream (claim or acknowledged commit),
 	// by opts.now: the server forgets an idle producer (producerIdle), so the next
 	// commit after that claims the stream again first.
 	lastWrite time.Time
-	damaged  string // why the local files lost a write the stream holds (Poison)
-	commits  uint64
-	retries  uint64 // append attempts beyond the first, over acknowledged commits
-	logBytes uint64 // bytes appended by this replica
-	dbBytes  uint64 // database size after the last commit (snapshot_due_bytes)
+	damaged   string // why the local files lost a write the stream holds (Poison)
+	commits   uint64
+	retries   uint64 // append attempts beyond the first, over acknowledged commits
+	logBytes  uint64 // bytes appended by this replica
+	dbBytes   uint64 // database size after the last commit (snapshot_due_bytes)
 
 	snap *snapshotter // snapshot + retention goroutine (snapshot.go); nil until attached
 
