@@ -421,13 +421,17 @@ func (r *Replica) claim(ctx context.Context, epoch uint64) error {
 		if errors.As(err, &ce) && (ce.Status == http.StatusForbidden || ce.Status == http.StatusConflict) {
 			return newError(KindFenced, ActionReattach, err, "another owner claimed the stream while attaching")
 		}
+		if v := classifyCommit(err, 0); v.step == stepRetryUnknown {
+			// The claim may have landed, fencing the previous owner: nothing here can say.
+			return newError(KindOutcomeUnknown, ActionReattach, err, "claiming the stream: %s; the claim may have fenced the previous owner, attach again", v.reason)
+		}
 		return classifyRead(err, "claiming the stream")
 	}
 	start, _ := streamcore.ParseOffset(wr.Offset)
 	end, _ := streamcore.ParseOffset(wr.NextOffset)
 	rr, err := r.opts.Client.Read(ctx, r.url, client.ReadOptions{Offset: wr.Offset, MaxBytes: int(end - start)})
 	if err != nil {
-		return classifyRead(err, "reading the claim back")
+		return newError(KindOutcomeUnknown, ActionReattach, err, "the claim was acknowledged but reading it back failed; it may have fenced the previous owner, attach again")
 	}
 	recs, _, derr := DecodeRecords(rr.Data, start, r.opts.MaxFrameBytes)
 	if derr != nil || len(recs) != 1 || recs[0].Claim == nil || recs[0].Claim.Nonce != cl.Nonce {
