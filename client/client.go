@@ -110,9 +110,11 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 
 // NewTransport returns the keep-alive transport New uses: connections are reused
 // (many idle ones per host, for concurrent writers and live readers), dialing and TLS are
-// bounded, and no proxy is consulted.
+// bounded, and the outbound proxy comes from HTTPS_PROXY, HTTP_PROXY, ALL_PROXY and
+// NO_PROXY as they are when it is made (proxyFromEnv).
 func NewTransport() *http.Transport {
 	return &http.Transport{
+		Proxy:                 proxyFromEnv(),
 		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConns:          512,
 		MaxIdleConnsPerHost:   256,

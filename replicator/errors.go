@@ -37,6 +37,9 @@ const (
 	// KindRefusedUnchecked: an earlier commit was refused without proof that nothing of it
 	// was applied, and the stream could not be read to check; commits wait for the check.
 	KindRefusedUnchecked Kind = "refused_commit_unchecked"
+	// KindAttachFailed: the file's last attach in this process failed after it may have
+	// changed local files; it does not open until an attach succeeds.
+	KindAttachFailed Kind = "attach_failed"
 )
 
 // Action says what the caller should do about an error.

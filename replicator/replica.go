@@ -47,8 +47,9 @@ type Options struct {
 	tokenSeen uint64 // tokenVersion last applied
 
 	// Set by this package's tests only; zero takes the default.
-	statsCap          int           // measurements kept per kind between drains (defaultStatsCap)
-	outagePullForward time.Duration // see defaultOutagePullForward
+	statsCap          int              // measurements kept per kind between drains (defaultStatsCap)
+	outagePullForward time.Duration    // see defaultOutagePullForward
+	now               func() time.Time // the clock of the idle re-claim (time.Now)
 }
 
 // reloadToken reads the token file again. An empty, missing or unreadable file keeps the
@@ -116,6 +117,9 @@ func (o *Options) defaults() error {
 	}
 	if o.statsCap == 0 {
 		o.statsCap = defaultStatsCap
+	}
+	if o.now == nil {
+		o.now = time.Now
 	}
 	if o.outagePullForward == 0 {
 		o.outagePullForward = defaultOutagePullForward
@@ -217,16 +221,25 @@ type Replica struct {
 	fenced   bool
 	poisoned bool
 	lastErr  *Error
-	stopErr  *Error // the poison or fence that stopped this replica
+	// payment is the reason of the 402 refusals under way ("" when none): it stays
+	// through other refusals (a too_large commit says nothing about payment) until a
+	// commit succeeds or the replica is poisoned.
+	payment   string
+	installed uint64 // snapshot offset the last attach installed (0: none)
+	stopErr   *Error // the poison or fence that stopped this replica
 	// refused is a commit that failed on a refusal that proved nothing (no vouched
 	// not-applied marker): a proxy may have answered after the stream applied it. The
 	// next commit first learns whether it did (checkRefused).
-	refused  *refusedCommit
-	damaged  string // why the local files lost a write the stream holds (Poison)
-	commits  uint64
-	retries  uint64 // append attempts beyond the first, over acknowledged commits
-	logBytes uint64 // bytes appended by this replica
-	dbBytes  uint64 // database size after the last commit (snapshot_due_bytes)
+	refused *refusedCommit
+	// lastWrite is when this owner last wrote the stream (claim or acknowledged commit),
+	// by opts.now: the server forgets an idle producer (producerIdle), so the next
+	// commit after that claims the stream again first.
+	lastWrite time.Time
+	damaged   string // why the local files lost a write the stream holds (Poison)
+	commits   uint64
+	retries   uint64 // append attempts beyond the first, over acknowledged commits
+	logBytes  uint64 // bytes appended by this replica
+	dbBytes   uint64 // database size after the last commit (snapshot_due_bytes)
 
 	snap *snapshotter // snapshot + retention goroutine (snapshot.go); nil until attached
 
@@ -304,8 +317,20 @@ func Attach(ctx context.Context, streamURL, path string, opts Options) (*Replica
 	if why != "" {
 		r.attachMode = "rebuilt"
 	}
-	r.tail, r.pageSize = img.Tail, img.PageSize
+	r.tail, r.pageSize, r.epoch, r.installed = img.Tail, img.PageSize, img.Epoch, img.SnapshotOffset
+	// The sidecar goes down before the claim: a file the rebuild replayed pages into
+	// must stay recognisable as this stream's cache should the claim fail, so the next
+	// attach resumes it instead of refusing it as an unreplicated file.
+	if err := r.SaveState(); err != nil {
+		return nil, newError(KindLocalSetup, ActionFix, err, "writing the sidecar %s", SidecarPath(path))
+	}
 	if err := r.claim(ctx, img.Epoch+1); err != nil {
+		if sc == nil && !fileHasData(path) {
+			// Nothing was written into a new file: leave no sidecar behind either.
+			if rerr := os.Remove(SidecarPath(path)); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+				r.logAt("error", "attach_restore_failed", "file=%q reason=%q", path, rerr.Error())
+			}
+		}
 		return nil, err
 	}
 	if err := r.SaveState(); err != nil {
@@ -408,13 +433,17 @@ func (r *Replica) claim(ctx context.Context, epoch uint64) error {
 		if errors.As(err, &ce) && (ce.Status == http.StatusForbidden || ce.Status == http.StatusConflict) {
 			return newError(KindFenced, ActionReattach, err, "another owner claimed the stream while attaching")
 		}
+		if v := classifyCommit(err, 0); v.step == stepRetryUnknown {
+			// The claim may have landed, fencing the previous owner: nothing here can say.
+			return newError(KindOutcomeUnknown, ActionReattach, err, "claiming the stream: %s; the claim may have fenced the previous owner, attach again", v.reason)
+		}
 		return classifyRead(err, "claiming the stream")
 	}
 	start, _ := streamcore.ParseOffset(wr.Offset)
 	end, _ := streamcore.ParseOffset(wr.NextOffset)
 	rr, err := r.opts.Client.Read(ctx, r.url, client.ReadOptions{Offset: wr.Offset, MaxBytes: int(end - start)})
 	if err != nil {
-		return classifyRead(err, "reading the claim back")
+		return newError(KindOutcomeUnknown, ActionReattach, err, "the claim was acknowledged but reading it back failed; it may have fenced the previous owner, attach again")
 	}
 	recs, _, derr := DecodeRecords(rr.Data, start, r.opts.MaxFrameBytes)
 	if derr != nil || len(recs) != 1 || recs[0].Claim == nil || recs[0].Claim.Nonce != cl.Nonce {
@@ -425,9 +454,36 @@ func (r *Replica) claim(ctx context.Context, epoch uint64) error {
 		return newError(KindFenced, ActionReattach, nil, "the stream moved from %d to %d while attaching", r.tail, start)
 	}
 	r.epoch, r.seq, r.tail = epoch, 0, end
+	r.lastWrite = r.opts.now()
 	r.logBytes += end - start
 	r.logf("claimed", "epoch=%d offset=%d", epoch, end)
 	return nil
+}
+
+// producerIdle is how long the server keeps an idle producer's state: after it, a
+// commit under the old claim would be a new producer's first append, not checked
+// against the claim's epoch.
+const producerIdle = 7 * 24 * time.Hour
+
+// reclaim claims the stream again with the next epoch before a commit after a long idle
+// time. The claim carries Stream-Seq and must land at this owner's tail, so it succeeds
+// only if nobody wrote meanwhile; anything else means another writer: fenced.
+func (r *Replica) reclaim(ctx context.Context, idle time.Duration) error {
+	r.logf("reclaiming", "file=%q idle_ms=%d epoch=%d", r.path, idle.Milliseconds(), r.epoch+1)
+	err := r.claim(ctx, r.epoch+1)
+	if err == nil {
+		return nil
+	}
+	e, ok := AsError(err)
+	if !ok {
+		e = newError(KindOutcomeUnknown, ActionReattach, err, "claiming the stream again after %v idle", idle.Round(time.Hour))
+	}
+	if e.Kind == KindFenced {
+		r.fenced = true
+		return r.fail(newError(KindFenced, ActionStop, err, "another writer wrote the stream during the %v this owner was idle: %s", idle.Round(time.Hour), e.Message), true)
+	}
+	// Nothing of the commit went out; the next commit claims again.
+	return r.fail(newError(e.Kind, ActionRetry, err, "claiming the stream again after %v idle failed: %s", idle.Round(time.Hour), e.Message), false)
 }
 
 // Commit appends one commit record and returns once the server acknowledged it. The
@@ -450,6 +506,11 @@ func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 	}
 	if r.refused != nil {
 		if err := r.settleRefused(ctx); err != nil {
+			return err
+		}
+	}
+	if idle := r.opts.now().Sub(r.lastWrite); idle >= producerIdle {
+		if err := r.reclaim(ctx, idle); err != nil {
 			return err
 		}
 	}
@@ -574,12 +635,13 @@ type refusedCommit = sentCommit
 // acked records an acknowledged commit.
 func (r *Replica) acked(cm *Commit, sent *sentCommit, m CommitMeasurement) {
 	r.seq, r.tail = sent.seq, sent.end()
+	r.lastWrite = r.opts.now()
 	r.commits++
 	r.logBytes += uint64(len(sent.body))
 	if r.lastErr != nil && !r.poisoned && !r.fenced {
 		r.logf("writes_resumed", "after=%s", r.lastErr.Kind)
 	}
-	r.lastErr = nil
+	r.lastErr, r.payment = nil, ""
 	r.dbBytes = uint64(cm.DBPages) * uint64(cm.PageSize)
 	r.snap.poke() // never blocks: the snapshot goroutine decides
 	m.Bytes, m.Pages, m.Offset = len(sent.body), len(cm.Pages), streamcore.FormatOffset(sent.start)
@@ -710,16 +772,7 @@ func classifyCommit(err error, seq uint64) commitVerdict {
 		return commitVerdict{step: stepRetryUnknown, kind: KindOutcomeUnknown, reason: err.Error()}
 	}
 	marked := ce.NotApplied != "" && ce.Header.Get(streamcore.HdrNotAppliedChecked) != ""
-	reason := ce.Message
-	if reason == "" && ce.NotApplied != "" {
-		reason = ce.NotApplied
-	}
-	if ce.Code != "" {
-		reason = ce.Code + ": " + reason
-	}
-	if len(reason) > 256 {
-		reason = reason[:256] + "..."
-	}
+	reason := refusalText(ce)
 	verdict := func(step commitStep, kind Kind, format string, args ...any) commitVerdict {
 		return commitVerdict{step: step, kind: kind, reason: fmt.Sprintf(format, args...), unproven: !marked}
 	}
@@ -768,6 +821,22 @@ func classifyCommit(err error, seq uint64) commitVerdict {
 	return commitVerdict{step: stepPoison, kind: KindOutcomeUnknown, reason: fmt.Sprintf("%d without the not-applied headers proves nothing: %s", ce.Status, reason)}
 }
 
+// refusalText is what the refusing layer said: its error code and message, or the
+// not-applied marker when the body said nothing, cut to 256 bytes plus "...".
+func refusalText(ce *client.Error) string {
+	reason := ce.Message
+	if reason == "" && ce.NotApplied != "" {
+		reason = ce.NotApplied
+	}
+	if ce.Code != "" {
+		reason = ce.Code + ": " + reason
+	}
+	if len(reason) > 256 {
+		reason = reason[:256] + "..."
+	}
+	return reason
+}
+
 func (r *Replica) usable() error {
 	if r.stopErr != nil {
 		e := *r.stopErr
@@ -779,13 +848,29 @@ func (r *Replica) usable() error {
 // fail records a failed commit; a sticky one (poison, fence) refuses every later read
 // and write until the file is attached again.
 func (r *Replica) fail(e *Error, sticky bool) error {
+	prev := r.lastErr
 	r.lastErr = e
 	if sticky && r.stopErr == nil {
-		r.stopErr = e
-		r.logf("poisoned", "file=%q fenced=%t kind=%s action=%s reason=%q", r.path, r.fenced, e.Kind, e.Action, e.Message)
+		r.stopErr, r.payment = e, ""
+		r.logf("poisoned", "file=%q stream=%q fenced=%t kind=%s action=%s reason=%q", r.path, r.url, r.fenced, e.Kind, e.Action, e.Message)
 		return e
 	}
-	r.logf("writes_refused", "kind=%s reason=%q", e.Kind, e.Message)
+	// Refusals of one kind in a row are one episode: logged when it starts, so a client
+	// retrying a refused commit in a loop does not flood the log.
+	if prev == nil || prev.Kind != e.Kind {
+		r.logf("writes_refused", "file=%q kind=%s reason=%q", r.path, e.Kind, e.Message)
+	}
+	if e.Kind == KindPaymentRequired {
+		starts := r.payment == ""
+		r.payment = e.Message
+		var ce *client.Error
+		if errors.As(e.Err, &ce) {
+			r.payment = refusalText(ce)
+		}
+		if starts {
+			r.logf("payment_required", "file=%q refused=commit reason=%q", r.path, r.payment)
+		}
+	}
 	return e
 }
 
@@ -835,6 +920,16 @@ type Status struct {
 	WritesRefused bool   `json:"writes_refused"` // the last commit was refused (nothing written, file usable)
 	RefusedKind   Kind   `json:"refused_kind,omitempty"`
 	RefusedReason string `json:"refused_reason,omitempty"`
+	// PaymentRequired: commits are being refused with 402 in front of the stream (the
+	// reason is the refusing layer's text); cleared by the next successful commit.
+	PaymentRequired bool   `json:"payment_required"`
+	PaymentReason   string `json:"payment_reason"`
+
+	// Local is the offset the local file reflects; Installed the offset of the snapshot
+	// the last attach installed, "-1" when it installed none (it resumed the local files
+	// or replayed the whole log).
+	Local     string `json:"local"`
+	Installed string `json:"installed"`
 
 	// Snapshots (snapshot.go). Offsets are strings, "-1" = none (checklist Q152).
 	Snapshot         string `json:"snapshot"`           // latest snapshot offset known
@@ -858,6 +953,11 @@ func (r *Replica) Status() Status {
 	st := Status{URL: r.url, AttachMode: r.attachMode, Offset: r.tail, Epoch: r.epoch, Commits: r.commits, LogBytes: r.logBytes, Poisoned: r.poisoned, Fenced: r.fenced}
 	r.snapshotStatus(&st)
 	st.AppendRetries, st.AttachMs = r.retries, r.attachMs
+	st.PaymentRequired, st.PaymentReason = r.payment != "", r.payment
+	st.Local, st.Installed = streamcore.FormatOffset(r.tail), "-1"
+	if r.installed != 0 {
+		st.Installed = streamcore.FormatOffset(r.installed)
+	}
 	if r.stopErr != nil {
 		st.Reason = r.stopErr.Message
 	} else if e := r.lastErr; e != nil {
@@ -873,7 +973,7 @@ func (r *Replica) Status() Status {
 	return st
 }
 
-// logf writes one logfmt event line.
+// logf writes one logfmt event line at the level the event has (eventLevel).
 func (r *Replica) logf(event, format string, args ...any) {
-	fmt.Fprintf(r.opts.Log, "sqlite-ursula-vfs level=info event=%s url=%q %s\n", event, r.url, fmt.Sprintf(format, args...))
+	r.logAt(eventLevel(event), event, format, args...)
 }

@@ -697,7 +697,8 @@ func TestSnapshotNewOwner(t *testing.T) {
 	a.Close()
 
 	b, _, lb := snapAttach(t, url, Options{})
-	if st := b.Status(); st.Snapshot != streamcore.FormatOffset(x1) || st.Epoch != 2 {
+	// The new owner's file was rebuilt from the snapshot: installed names it (checklist-vfs Q152).
+	if st := b.Status(); st.Snapshot != streamcore.FormatOffset(x1) || st.Epoch != 2 || st.Installed != streamcore.FormatOffset(x1) {
 		t.Fatalf("new owner's status: %+v", st)
 	}
 	mb := &model{img: slices.Clone(ma.img), at: map[uint64][]byte{}, seed: ma.seed}

@@ -215,10 +215,14 @@ func TestUnmarked5xxBeforeTheStreamPoisonsWhenTheBudgetEnds(t *testing.T) {
 	e.agrees("after the poison")
 }
 
-// TestVouchedRefusalThatLiedIsCaughtBeforeTheNextCommit: a layer that marks and vouches a
-// refusal after the stream applied the commit breaks the rule the marker stands for; the
-// commit fails alone, but the next commit finds the refused one on the stream and poisons
-// the file instead of building on a state the stream does not hold.
+// TestVouchedRefusalThatLiedIsCaughtBeforeTheNextCommit (checklist-vfs K95, T22): a layer
+// that marks and vouches a refusal after the stream applied the commit breaks the rule
+// the marker stands for; the commit fails alone, but the next commit finds the refused
+// one on the stream and poisons the file, with a reason starting "a commit refused as
+// never applied may have been applied after all", instead of building on a state the
+// stream does not hold. (An unknown attempt before a duplicate answer cannot make the
+// duplicate pass as this commit's ack here: every attempt carries the frame's digest and
+// a receipt must span this very frame.)
 func TestVouchedRefusalThatLiedIsCaughtBeforeTheNextCommit(t *testing.T) {
 	e := newProofEnv(t, "liar")
 	e.proxy.Script(faultproxy.Fault{Kind: faultproxy.RefuseAfter, Status: 402, Marked: true})
@@ -281,7 +285,8 @@ func TestUncheckableRefusalHoldsTheNextCommit(t *testing.T) {
 	}
 }
 
-// TestMixedFaultsNeverDiverge drives a few hundred commits through randomly chosen faults
+// TestMixedFaultsNeverDiverge (checklist-vfs T61, without owner handoffs or crashes: see
+// TestKill9 and TestTwoOwners) drives a few hundred commits through randomly chosen faults
 // (seeded: URSULA_FAULT_SEED repeats a run). After every failed commit and at the end, the
 // owner reads exactly what a rebuild of the stream holds (a poisoned owner after reopening),
 // and every acknowledged commit is on the stream.
@@ -341,7 +346,7 @@ func TestMixedFaultsNeverDiverge(t *testing.T) {
 		e.proxy.Count(faultproxy.Delay), e.proxy.Count(faultproxy.Hold))
 }
 
-// TestLostWALWriteBackPoisonsBeforeTheNextCommit: when the local WAL loses the commit
+// TestLostWALWriteBackPoisonsBeforeTheNextCommit (checklist-vfs I72, T9): when the local WAL loses the commit
 // frame an acknowledged commit wrote (a page-cache write-back the disk never took), the
 // next commit poisons the file instead of building on it; reopening gives the stream's rows.
 func TestLostWALWriteBackPoisonsBeforeTheNextCommit(t *testing.T) {

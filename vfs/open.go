@@ -81,6 +81,7 @@ func Open(streamURL string, opts Options) (*sql.DB, error) {
 	} else {
 		db, err = sqlitewal.Attach(path, streamURL, sqlitewal.AttachOptions{ReadOnly: opts.ReadOnly, Client: opts.Client})
 	}
+	noteAttach(path, err)
 	if err != nil {
 		return nil, err
 	}
@@ -136,6 +137,9 @@ func Status(path string) (replicator.Status, error) {
 	}
 	db := sqlitewal.Lookup(abs)
 	if db == nil {
+		if why := attachFailed(abs); why != "" {
+			return replicator.Status{}, lockedOut(abs, why)
+		}
 		return replicator.Status{}, &Error{Kind: replicator.KindNotFound, Action: replicator.ActionFix, Message: fmt.Sprintf("%s is not attached in this process", path)}
 	}
 	if db.ReadOnly() {

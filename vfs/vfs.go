@@ -44,6 +44,11 @@ func (v ursulaVFS) OpenFilename(name *sqlvfs.Filename, flags sqlvfs.OpenFlag) (s
 		if db := sqlitewal.Lookup(path); db != nil {
 			return &dbFile{File: f, db: db}, out, nil
 		}
+		if why := attachFailed(path); why != "" {
+			f.Close()
+			logOpenRefused(path, why)
+			return nil, 0, sqlite3.CANTOPEN
+		}
 	}
 	return f, out, nil
 }
