@@ -4,14 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
+
+	"github.com/ursula-go/ursula/internal/testserver"
 
 	"github.com/ursula-go/ursula/coldtier"
 	coldstore "github.com/ursula-go/ursula/coldtier/store"
@@ -44,20 +44,7 @@ func backupNode(t *testing.T, cold bool) (*server.Server, string) {
 
 func do(t *testing.T, method, url string, body []byte, hdr ...string) (*http.Response, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(method, url, bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(res.Body)
-	res.Body.Close()
-	return res, b
+	return testserver.Do(t, method, url, body, hdr...)
 }
 
 func produce(t *testing.T, url string, seq int, body string) *http.Response {
@@ -96,28 +83,17 @@ func TestBackupRestore(t *testing.T) {
 	}
 
 	// A writer keeps appending while the backup runs.
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			req, _ := http.NewRequest(http.MethodPost, srcURL+"/alpha/two", strings.NewReader(fmt.Sprintf("w%d\n", i)))
-			req.Header.Set("Content-Type", "text/plain")
-			if res, err := http.DefaultClient.Do(req); err == nil {
-				res.Body.Close()
-			}
+	stop := testserver.Loop(func(i int) bool {
+		req, _ := http.NewRequest(http.MethodPost, srcURL+"/alpha/two", strings.NewReader(fmt.Sprintf("w%d\n", i)))
+		req.Header.Set("Content-Type", "text/plain")
+		if res, err := http.DefaultClient.Do(req); err == nil {
+			res.Body.Close()
 		}
-	}()
+		return true
+	})
 	dir := filepath.Join(t.TempDir(), "bk")
 	code, _, stderr := runCLI("backup", "create", "--from", srcURL, "--to", dir)
-	close(stop)
-	wg.Wait()
+	stop()
 	if code != 0 {
 		t.Fatalf("create: %d %s", code, stderr)
 	}

@@ -159,16 +159,7 @@ func TestSingleVoterRestart(t *testing.T) {
 // follower are refused before proposal with the leader's URL; followers apply and wake
 // watchers; leadership transfer works.
 func TestThreeVoters(t *testing.T) {
-	var lns []net.Listener
-	var peers []Peer
-	for i := range 3 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns = append(lns, ln)
-		peers = append(peers, Peer{ID: uint64(i + 1), URL: fmt.Sprintf("http://node%d", i+1), RaftAddr: ln.Addr().String()})
-	}
+	lns, peers := loopbackPeers(t, 3)
 	var es []*Engine
 	for i := range 3 {
 		e, err := Open(Config{NodeID: uint64(i + 1), GroupCount: 4, Peers: peers, Listener: lns[i], InitMembership: true,
@@ -238,4 +229,20 @@ func TestThreeVoters(t *testing.T) {
 	if got := read(F, key); got != "hello world" {
 		t.Fatalf("new leader has %q", got)
 	}
+}
+
+// loopbackPeers opens n cluster listeners on loopback and names them as peers 1..n.
+func loopbackPeers(t *testing.T, n int) ([]net.Listener, []Peer) {
+	t.Helper()
+	var lns []net.Listener
+	var peers []Peer
+	for i := range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+		peers = append(peers, Peer{ID: uint64(i + 1), URL: fmt.Sprintf("http://node%d", i+1), RaftAddr: ln.Addr().String()})
+	}
+	return lns, peers
 }

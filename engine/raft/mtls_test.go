@@ -24,16 +24,7 @@ func TestMutualTLSPeers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var lns []net.Listener
-	var peers []Peer
-	for i := range 3 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns = append(lns, ln)
-		peers = append(peers, Peer{ID: uint64(i + 1), URL: fmt.Sprintf("http://node%d", i+1), RaftAddr: ln.Addr().String()})
-	}
+	lns, peers := loopbackPeers(t, 3)
 	var es []*Engine
 	for i := range 3 {
 		cf, kf := ca.Issue(t, fmt.Sprintf("node-%d", i+1)).Write(t, dir, fmt.Sprintf("node%d", i+1))

@@ -4,34 +4,21 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
+
+	"github.com/ursula-go/ursula/internal/testserver"
 )
 
 // follow sends a request with the default client, which follows leader redirects.
 func follow(t *testing.T, method, url string, body []byte, hdr ...string) (*http.Response, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(method, url, bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(res.Body)
-	res.Body.Close()
-	return res, b
+	return testserver.Do(t, method, url, body, hdr...)
 }
 
 // TestBackupClusterRestoreSingleNode backs up a 3-node cluster while a producer writes and
@@ -58,36 +45,23 @@ func TestBackupClusterRestoreSingleNode(t *testing.T) {
 		t.Fatalf("claim: %d", res.StatusCode)
 	}
 	// The producer keeps writing while the backup runs.
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for seq := 1; ; seq++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			req, _ := http.NewRequest(http.MethodPost, a+"/bkt2/prod", strings.NewReader(fmt.Sprintf("seq %d\n", seq)))
-			req.Header.Set("Content-Type", "text/plain")
-			req.Header.Set("Producer-Id", "p1")
-			req.Header.Set("Producer-Epoch", "1")
-			req.Header.Set("Producer-Seq", fmt.Sprint(seq))
-			res, err := http.DefaultClient.Do(req)
-			if err != nil {
-				return
-			}
-			res.Body.Close()
-			if res.StatusCode != http.StatusOK {
-				return
-			}
+	stop := testserver.Loop(func(i int) bool {
+		seq := i + 1
+		req, _ := http.NewRequest(http.MethodPost, a+"/bkt2/prod", strings.NewReader(fmt.Sprintf("seq %d\n", seq)))
+		req.Header.Set("Content-Type", "text/plain")
+		req.Header.Set("Producer-Id", "p1")
+		req.Header.Set("Producer-Epoch", "1")
+		req.Header.Set("Producer-Seq", fmt.Sprint(seq))
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
 		}
-	}()
+		res.Body.Close()
+		return res.StatusCode == http.StatusOK
+	})
 	dir := filepath.Join(t.TempDir(), "backup")
 	out, err := exec.Command(binPath, "backup", "create", "--from", c.nodes[1].url, "--to", dir).CombinedOutput()
-	close(stop)
-	wg.Wait()
+	stop()
 	if err != nil {
 		t.Fatalf("backup create: %v\n%s", err, out)
 	}
