@@ -69,18 +69,25 @@ func (l Limits) withDefaults() Limits {
 
 // paceRequest sets the response's write deadline and paces the request body. The write
 // deadline restarts once the body has arrived, so a slow upload does not eat it.
-func (s *Server) paceRequest(w http.ResponseWriter, r *http.Request, start time.Time) {
+//
+// It returns a shallow copy of r carrying the paced body: the server's own request must
+// keep its body, or net/http, seeing an unknown body type, tries to drain a declared but
+// never sent body before answering, and waits for it forever.
+func (s *Server) paceRequest(w http.ResponseWriter, r *http.Request, start time.Time) *http.Request {
 	rc := http.NewResponseController(w)
 	wt := s.cfg.Limits.WriteTimeout
 	rc.SetWriteDeadline(start.Add(wt)) // ErrNotSupported off a real connection: nothing to bound
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
-		return
+		return r
 	}
+	paced := *r
+	r = &paced
 	r.Body = &pacedBody{
 		body: r.Body, rc: rc, start: start,
 		idle: s.cfg.Limits.BodyIdleTimeout, minRate: s.cfg.Limits.BodyMinRate,
 		onEOF: func() { rc.SetWriteDeadline(time.Now().Add(wt)) },
 	}
+	return r
 }
 
 // Admission says whether the node takes writes now. WriteRefusal returns "" when it does,

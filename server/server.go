@@ -110,7 +110,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rw := &statusWriter{ResponseWriter: w}
 	s.commonHeaders(rw.Header(), r)
-	s.paceRequest(rw, r, start)
+	r = s.paceRequest(rw, r, start)
 	defer func() {
 		s.bodies.give(rw.bodyCharge)
 		if v := recover(); v != nil {
