@@ -38,6 +38,7 @@ Usage:
   ursula ctl [--node ADMIN_URL] [--json] status|wait-ready|drain|undrain|transfer|members ...
   ursula sql <stream-url> "QUERY" [--at OFFSET|TIME] [--json|--csv]
   ursula backup create --from URL --to DIR|s3://bucket/prefix | verify DIR | restore DIR --to URL
+  ursula gateway --listen ADDR --upstream URL[,URL...] [--config FILE]
   ursula help
 
 Commands:
@@ -49,6 +50,7 @@ Commands:
   ctl      Operate a node through its admin listener (ursula ctl help).
   sql      Query a replicated database without a local copy (pages fetched on demand).
   backup   Back up every stream of a node or cluster, check a backup, restore it elsewhere.
+  gateway  One front door to a cluster: auth, leader redirects, quotas, usage log (docs/security.md).
 
 Server flags (flags override the config file):
   --listen ADDR    address to listen on (config server.listen; default 127.0.0.1:4437)
@@ -133,6 +135,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "ctl":
 		return runCtl(args[1:], stdout, stderr)
+	case "gateway":
+		return gatewayMain(args[1:], stderr)
 	case "sql":
 		if err := runSQL(args[1:], stdout, stderr); err != nil {
 			fmt.Fprintf(stderr, "ursula sql: %v\n", err)

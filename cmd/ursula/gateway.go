@@ -1,0 +1,228 @@
+package main
+
+// ursula gateway: one front door to a cluster (package gateway), configured from flags
+// and a TOML file.
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/ursula-go/ursula/auth"
+	"github.com/ursula-go/ursula/gateway"
+	"github.com/ursula-go/ursula/tlsfiles"
+)
+
+const gatewayUsage = `Usage: ursula gateway --listen ADDR --upstream URL[,URL...] [--config FILE]
+
+Forwards client requests to the nodes, following leader redirects itself (at most 3 hops
+within 5 s, only to the listed upstreams), authenticating clients ([auth], as on a node),
+applying per-bucket quotas and writing a usage log. Flags override the config file:
+
+  [gateway]
+  listen = "127.0.0.1:4440"
+  upstreams = ["http://127.0.0.1:4437", "http://127.0.0.1:4447"]  # the nodes' peer URLs
+  max_request_body_bytes = 33554432   # at most the nodes' limit (the default)
+  usage_log = "/var/log/ursula/usage.jsonl"
+  usage_chunk_bytes = 10000           # chunk unit of the usage lines (0: none)
+  usage_flush_ms = 1000
+  tls_cert_file = "..."               # HTTPS towards clients; both or neither
+  tls_key_file = "..."
+  upstream_ca_file = "..."            # CA of https:// upstreams
+  insecure = false                    # allow a non-loopback listener without TLS and auth
+  [auth]                              # the node's keys: token_file, issuer, audience,
+  token_file = "/etc/ursula/tokens"   # jwks_url, policy_file
+  [quota.default]
+  requests_per_sec = 100              # 429 + Retry-After over it
+  max_live_reads = 100                # concurrent long-poll/SSE reads per bucket
+  max_request_body_bytes = 1048576    # 413 over it
+  [[quota.bucket]]
+  id = "tenant-a"
+  requests_per_sec = 10
+`
+
+// gatewayFile is the gateway's TOML config file.
+type gatewayFile struct {
+	Gateway struct {
+		Listen              string   `toml:"listen"`
+		Upstreams           []string `toml:"upstreams"`
+		MaxRequestBodyBytes int64    `toml:"max_request_body_bytes"`
+		UsageLog            string   `toml:"usage_log"`
+		UsageChunkBytes     int64    `toml:"usage_chunk_bytes"`
+		UsageFlushMs        int      `toml:"usage_flush_ms"`
+		TLSCertFile         string   `toml:"tls_cert_file"`
+		TLSKeyFile          string   `toml:"tls_key_file"`
+		UpstreamCAFile      string   `toml:"upstream_ca_file"`
+		Insecure            bool     `toml:"insecure"`
+	} `toml:"gateway"`
+	Auth  authConfig `toml:"auth"`
+	Quota struct {
+		Default quotaEntry   `toml:"default"`
+		Bucket  []quotaEntry `toml:"bucket"`
+	} `toml:"quota"`
+}
+
+type quotaEntry struct {
+	ID                  string  `toml:"id"`
+	RequestsPerSec      float64 `toml:"requests_per_sec"`
+	MaxLiveReads        int     `toml:"max_live_reads"`
+	MaxRequestBodyBytes int64   `toml:"max_request_body_bytes"`
+}
+
+func (q quotaEntry) limits() gateway.Limits {
+	return gateway.Limits{RequestsPerSec: q.RequestsPerSec, MaxLiveReads: q.MaxLiveReads, MaxRequestBodyBytes: q.MaxRequestBodyBytes}
+}
+
+func runGateway(args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, gatewayUsage) }
+	listen := fs.String("listen", "", "address to listen on")
+	upstream := fs.String("upstream", "", "upstream node URLs, comma-separated")
+	config := fs.String("config", "", "TOML config file")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var fc gatewayFile
+	if *config != "" {
+		md, err := toml.DecodeFile(*config, &fc)
+		if err != nil {
+			return fmt.Errorf("config: %w", err)
+		}
+		if und := md.Undecoded(); len(und) > 0 {
+			return fmt.Errorf("config %s: unknown keys %v", *config, und)
+		}
+	}
+	gc := &fc.Gateway
+	if *listen != "" {
+		gc.Listen = *listen
+	}
+	if gc.Listen == "" {
+		gc.Listen = "127.0.0.1:4440"
+	}
+	if *upstream != "" {
+		gc.Upstreams = strings.Split(*upstream, ",")
+	}
+	if len(gc.Upstreams) == 0 {
+		return errors.New("no upstream: give --upstream URL[,URL...] or gateway.upstreams")
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	cfg := gateway.Config{MaxRequestBodyBytes: gc.MaxRequestBodyBytes, Logger: logger}
+	for _, s := range gc.Upstreams {
+		u, err := url.Parse(strings.TrimRight(strings.TrimSpace(s), "/"))
+		if err != nil {
+			return fmt.Errorf("upstream %q: %w", s, err)
+		}
+		cfg.Upstreams = append(cfg.Upstreams, u)
+	}
+	if gc.UpstreamCAFile != "" {
+		pool, err := tlsfiles.LoadCAPool(gc.UpstreamCAFile)
+		if err != nil {
+			return fmt.Errorf("gateway.upstream_ca_file: %w", err)
+		}
+		cfg.Transport = &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			TLSClientConfig:     tlsfiles.ClientConfig(pool, nil),
+			MaxIdleConnsPerHost: 64,
+			IdleConnTimeout:     90 * time.Second,
+		}
+	}
+	ac := auth.Config{TokenFile: fc.Auth.TokenFile, Issuer: fc.Auth.Issuer, Audience: fc.Auth.Audience,
+		JWKSURL: fc.Auth.JWKSURL, PolicyFile: fc.Auth.PolicyFile}
+	if ac.Enabled() {
+		a, err := auth.New(ctx, ac)
+		if err != nil {
+			return fmt.Errorf("auth: %w", err)
+		}
+		cfg.Auth = a
+	}
+	var cert *tlsfiles.Certificate
+	if gc.TLSCertFile != "" || gc.TLSKeyFile != "" {
+		c, err := tlsfiles.LoadCertificate(gc.TLSCertFile, gc.TLSKeyFile)
+		if err != nil {
+			return fmt.Errorf("gateway.tls_cert_file/tls_key_file: %w", err)
+		}
+		cert = c
+	}
+	if !isLoopback(gc.Listen) && (cert == nil || cfg.Auth == nil) {
+		if !gc.Insecure {
+			return fmt.Errorf("listen %s is not a loopback address and the gateway lacks TLS or authentication: configure gateway.tls_cert_file/tls_key_file and [auth], or set gateway.insecure = true to run this way on purpose", gc.Listen)
+		}
+		logger.Warn("INSECURE: the gateway serves a non-loopback address without TLS and authentication (gateway.insecure = true)", "addr", gc.Listen)
+	}
+	q := fc.Quota
+	if q.Default != (quotaEntry{}) || len(q.Bucket) > 0 {
+		p := gateway.QuotaPolicy{Default: q.Default.limits(), Buckets: map[string]gateway.Limits{}}
+		for _, b := range q.Bucket {
+			if b.ID == "" {
+				return errors.New("quota.bucket: an entry without id")
+			}
+			p.Buckets[b.ID] = b.limits()
+		}
+		cfg.Quotas = gateway.NewQuotas(p)
+	}
+	if gc.UsageLog != "" {
+		u := gateway.OpenUsageLog(gc.UsageLog, gc.UsageChunkBytes, time.Duration(gc.UsageFlushMs)*time.Millisecond, logger)
+		defer u.Close()
+		cfg.Usage = u
+	}
+	g, err := gateway.New(cfg)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", gc.Listen)
+	if err != nil {
+		return err
+	}
+	hs := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	served := make(chan error, 1)
+	go func() {
+		if cert == nil {
+			served <- hs.Serve(ln)
+			return
+		}
+		hs.TLSConfig = tlsfiles.ServerConfig(cert)
+		served <- hs.ServeTLS(ln, "", "")
+	}()
+	scheme := "http"
+	if cert != nil {
+		scheme = "https"
+	}
+	logger.Info("ursula gateway listening", "addr", ln.Addr().String(), "scheme", scheme, "auth", cfg.Auth != nil, "upstreams", gc.Upstreams)
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return hs.Shutdown(sctx)
+}
+
+// gatewayMain runs the gateway and returns the process exit code.
+func gatewayMain(args []string, stderr io.Writer) int {
+	err := runGateway(args, stderr)
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	}
+	fmt.Fprintf(stderr, "ursula gateway: %v\n", err)
+	return 1
+}

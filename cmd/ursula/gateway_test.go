@@ -1,0 +1,93 @@
+package main
+
+import (
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// startLogged starts bin with args and returns the addr= of its log line named line.
+func startLogged(t *testing.T, bin, line string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	var logs syncBuffer
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		s := logs.String()
+		if j := strings.Index(s, line); j >= 0 {
+			if i := strings.Index(s[j:], "addr="); i >= 0 {
+				return "http://" + strings.Fields(s[j+i+5:])[0]
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s did not start: %s", args[0], logs.String())
+	return ""
+}
+
+// A real node behind a real gateway process with token auth and a usage log.
+func TestGatewayProcess(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "ursula")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	node := startLogged(t, bin, "ursula listening", "server", "--engine", "memory", "--listen", "127.0.0.1:0", "--admin-listen", "off", "--data", filepath.Join(dir, "data"))
+	tokens := filepath.Join(dir, "tokens")
+	os.WriteFile(tokens, []byte("secret-1 tenant1\n"), 0o600)
+	usage := filepath.Join(dir, "usage.jsonl")
+	config := filepath.Join(dir, "gateway.toml")
+	os.WriteFile(config, []byte("[gateway]\nusage_log = \""+usage+"\"\nusage_chunk_bytes = 4\n[auth]\ntoken_file = \""+tokens+"\"\n[quota.default]\nrequests_per_sec = 1000\n"), 0o600)
+	gw := startLogged(t, bin, "ursula gateway listening", "gateway", "--listen", "127.0.0.1:0", "--upstream", node, "--config", config)
+
+	send := func(method, path, token, body string) (int, string) {
+		req, _ := http.NewRequest(method, gw+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "text/plain")
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	if st, _ := send("PUT", "/tenant1/s", "", ""); st != 401 {
+		t.Fatalf("without a token: %d", st)
+	}
+	if st, b := send("PUT", "/tenant1/s", "secret-1", ""); st != 201 {
+		t.Fatalf("create: %d %s", st, b)
+	}
+	if st, b := send("POST", "/tenant1/s", "secret-1", "hello"); st/100 != 2 {
+		t.Fatalf("append: %d %s", st, b)
+	}
+	if st, b := send("GET", "/tenant1/s?offset=-1", "secret-1", ""); st != 200 || b != "hello" {
+		t.Fatalf("read: %d %q", st, b)
+	}
+	// Usage lines are flushed every second: wait for the append's line to show.
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		data, _ := os.ReadFile(usage)
+		if strings.Contains(string(data), `"method":"POST"`) {
+			if !strings.Contains(string(data), `"chunks":2`) {
+				t.Fatalf("the 5-byte append in 4-byte units counts 2 chunks: %s", data)
+			}
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("no usage line for the append")
+}

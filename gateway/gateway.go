@@ -1,0 +1,514 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ursula-go/ursula/auth"
+	"github.com/ursula-go/ursula/server"
+	"github.com/ursula-go/ursula/streamcore"
+)
+
+// Redirect following bounds: a request meets at most MaxRedirectHops leader redirects,
+// and no hop starts later than RedirectWindow after the first redirect.
+const (
+	MaxRedirectHops = 3
+	RedirectWindow  = 5 * time.Second
+)
+
+// Config is what a Gateway needs.
+type Config struct {
+	// Upstreams are the nodes, by the URLs their redirects name (their peer URLs). Only
+	// these hosts are ever contacted, in this order when no redirect says otherwise.
+	Upstreams []*url.URL
+	// Auth authenticates and authorizes clients exactly as a node does; nil: the gateway
+	// is a trusted pass-through.
+	Auth *auth.Authorizer
+	// Quotas are the per-bucket limits; nil: none.
+	Quotas *Quotas
+	// MaxRequestBodyBytes bounds a request body (0: the protocol's maximum, which is also
+	// the ceiling: a larger limit would accept bodies the nodes refuse after forwarding).
+	MaxRequestBodyBytes int64
+	// Usage receives one record per request; nil: none.
+	Usage *UsageLog
+	// Transport reaches the upstreams; nil: one with a 5 s connect timeout.
+	Transport http.RoundTripper
+	Logger    *slog.Logger
+}
+
+// Gateway is an http.Handler forwarding to the upstream nodes.
+type Gateway struct {
+	cfg    Config
+	client *http.Client
+	now    func() time.Time
+}
+
+// New checks cfg and returns the gateway.
+func New(cfg Config) (*Gateway, error) {
+	if len(cfg.Upstreams) == 0 {
+		return nil, errors.New("gateway: no upstream")
+	}
+	for _, u := range cfg.Upstreams {
+		if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+			return nil, fmt.Errorf("gateway: upstream %q is not an http(s) URL", u)
+		}
+	}
+	switch {
+	case cfg.MaxRequestBodyBytes == 0:
+		cfg.MaxRequestBodyBytes = streamcore.MaxRequestBytes
+	case cfg.MaxRequestBodyBytes < 0 || cfg.MaxRequestBodyBytes > streamcore.MaxRequestBytes:
+		return nil, fmt.Errorf("gateway: max request body %d is outside 1..%d (the nodes' limit)", cfg.MaxRequestBodyBytes, streamcore.MaxRequestBytes)
+	}
+	if cfg.Transport == nil {
+		cfg.Transport = &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConnsPerHost: 64,
+			IdleConnTimeout:     90 * time.Second,
+		}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	g := &Gateway{cfg: cfg, now: time.Now}
+	// Redirects are followed by hand: only to listed upstreams, with the mark bookkeeping.
+	g.client = &http.Client{Transport: cfg.Transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	return g, nil
+}
+
+// target is what a request addresses, for authorization, quotas and usage.
+type target struct {
+	bucket, stream string
+	act            auth.Action
+	open           bool // readiness: no credentials asked
+	live           bool // a long-poll or SSE read
+}
+
+func classify(r *http.Request) (target, *streamcore.Error) {
+	raw := r.URL.EscapedPath()
+	t := target{act: auth.Write, live: r.URL.Query().Has("live")}
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		t.act = auth.Read
+	}
+	switch {
+	case raw == "/__ursula/ready":
+		t.open = true
+		return t, nil
+	case strings.HasPrefix(raw, "/__ursula/") || raw == "/__ursula" || raw == "/metrics":
+		t.act = auth.Admin
+		return t, nil
+	case strings.HasPrefix(raw, server.CompatPrefix):
+		name, err := url.PathUnescape(raw[len(server.CompatPrefix):])
+		if err != nil {
+			return t, streamcore.Errorf(http.StatusBadRequest, streamcore.CodeInvalidRequest, "path is not valid percent-encoding")
+		}
+		t.bucket, t.stream = server.CompatBucket, name
+		return t, nil
+	}
+	segs := strings.SplitN(strings.TrimPrefix(raw, "/"), "/", 3)
+	for i, s := range segs {
+		d, err := url.PathUnescape(s)
+		if err != nil || strings.Contains(d, "/") {
+			return t, streamcore.Errorf(http.StatusBadRequest, streamcore.CodeInvalidRequest, "path is not valid percent-encoding")
+		}
+		segs[i] = d
+	}
+	t.bucket = segs[0]
+	if len(segs) > 1 {
+		t.stream = segs[1]
+	}
+	return t, nil
+}
+
+// ServeHTTP authenticates, applies quotas, forwards and records usage.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	cw := &countingWriter{ResponseWriter: w}
+	in := &countingReader{r: r.Body}
+	if r.Body != nil {
+		r.Body = in
+	}
+	rec := UsageRecord{Time: g.now().UTC(), Method: r.Method}
+	g.serve(cw, r, &rec)
+	if g.cfg.Usage != nil {
+		rec.Status = cw.status
+		rec.BytesIn, rec.BytesOut = in.n, cw.n
+		g.cfg.Usage.Add(rec)
+	}
+}
+
+func (g *Gateway) serve(w *countingWriter, r *http.Request, rec *UsageRecord) {
+	if r.Method == http.MethodOptions {
+		// Preflight: the node's answer never consults the resource or credentials.
+		g.forward(w, r, nil, nil)
+		return
+	}
+	t, e := classify(r)
+	if e != nil {
+		g.refuse(w, r, e, "InvalidRequest")
+		return
+	}
+	rec.Bucket, rec.Stream = t.bucket, t.stream
+	var p *auth.Principal
+	if a := g.cfg.Auth; a != nil && !t.open {
+		var err error
+		p, err = a.Authenticate(r.Header.Get("Authorization"))
+		if err != nil {
+			w.Header().Set("WWW-Authenticate", `Bearer error="invalid_token"`)
+			g.refuse(w, r, streamcore.Errorf(http.StatusUnauthorized, server.CodeUnauthorized, "the bearer token is not valid"), "Unauthorized")
+			return
+		}
+		switch a.Decide(p, t.bucket, t.act) {
+		case auth.Allow:
+		case auth.Unauthenticated:
+			w.Header().Set("WWW-Authenticate", "Bearer")
+			g.refuse(w, r, streamcore.Errorf(http.StatusUnauthorized, server.CodeUnauthorized, "this request needs a bearer token"), "Unauthorized")
+			return
+		default:
+			// Conceal: the answer a node gives for a bucket nothing created.
+			if t.act == auth.Admin {
+				g.refuse(w, r, streamcore.Errorf(http.StatusNotFound, streamcore.CodeNotFound, "no such operational endpoint"), "NotFound")
+			} else {
+				g.refuse(w, r, streamcore.Errorf(http.StatusNotFound, streamcore.CodeBucketNotFound, "bucket does not exist"), "NotFound")
+			}
+			return
+		}
+		if p != nil {
+			rec.Principal = p.Issuer + "|" + p.Subject
+		}
+	}
+	limit := g.cfg.MaxRequestBodyBytes
+	if q := g.cfg.Quotas; q != nil && t.bucket != "" {
+		lim := q.limitsOf(t.bucket)
+		if lim.MaxRequestBodyBytes > 0 && lim.MaxRequestBodyBytes < limit {
+			limit = lim.MaxRequestBodyBytes
+		}
+		if wait, ok := q.take(t.bucket, g.now()); !ok {
+			secs := int((wait + time.Second - 1) / time.Second)
+			g.refuse(w, r, streamcore.Errorf(http.StatusTooManyRequests, "RATE_LIMITED", "tenant request rate limit exceeded").
+				With(streamcore.HdrRetryAfter, strconv.Itoa(max(secs, 1))), "TenantRequestRate")
+			return
+		}
+		if t.live && t.act == auth.Read {
+			if !q.acquireLive(t.bucket) {
+				g.refuse(w, r, streamcore.Errorf(http.StatusTooManyRequests, "RATE_LIMITED", "tenant concurrent live read limit exceeded").
+					With(streamcore.HdrRetryAfter, "1"), "TenantLiveReads")
+				return
+			}
+			defer q.releaseLive(t.bucket)
+		}
+	}
+	body, e := readBody(r, limit)
+	if e != nil {
+		g.refuse(w, r, e, e.Headers[streamcore.HdrNotApplied])
+		return
+	}
+	if r.Method == http.MethodPost || r.Method == http.MethodPut {
+		rec.Chunks = g.cfg.Usage.chunksOf(int64(len(body)))
+	}
+	var expires time.Time
+	if p != nil && t.live {
+		expires = p.Expires
+	}
+	g.forward(w, r, body, &expires)
+}
+
+// readBody buffers a request body of at most limit bytes: a redirect hop sends it again.
+func readBody(r *http.Request, limit int64) ([]byte, *streamcore.Error) {
+	tooLarge := func() *streamcore.Error {
+		return streamcore.Errorf(http.StatusRequestEntityTooLarge, streamcore.CodeInvalidRequest, "the request body is over %d bytes", limit).
+			With(streamcore.HdrMaxRequestBytes, strconv.FormatInt(limit, 10)).
+			With(streamcore.HdrNotApplied, "RequestBodyTooLarge")
+	}
+	if r.ContentLength > limit {
+		return nil, tooLarge()
+	}
+	if r.Body == nil || r.ContentLength == 0 {
+		return nil, nil
+	}
+	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return nil, streamcore.Errorf(http.StatusBadRequest, streamcore.CodeInvalidRequest, "the request body could not be read").
+			With(streamcore.HdrNotApplied, "RequestBodyUnreadable")
+	}
+	if int64(len(b)) > limit {
+		return nil, tooLarge()
+	}
+	return b, nil
+}
+
+// refuse answers a request the gateway decided not to forward: nothing was applied, so
+// the answer carries the mark (token) and the vouch. It carries none of the nodes'
+// route-level headers (Ursula-Protocol, Ursula-Cluster-Id): those come only from a node.
+func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, e *streamcore.Error, token string) {
+	h := w.Header()
+	for k, v := range e.Headers {
+		h.Set(k, v)
+	}
+	h.Set(streamcore.HdrNotApplied, token)
+	h.Set(streamcore.HdrNotAppliedChecked, "1")
+	h.Set("Content-Type", "application/json")
+	if r.Method == http.MethodHead {
+		w.WriteHeader(e.Status)
+		return
+	}
+	b := e.Body()
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(e.Status)
+	w.Write(b)
+}
+
+// forward sends r (with body) to the upstreams, following leader redirects, and relays
+// the final answer. expires (non-nil, non-zero) ends a live read at the credential's
+// expiry with a credential-expired event.
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, expires *time.Time) {
+	tried := make(map[string]bool, len(g.cfg.Upstreams))
+	next := func() *url.URL {
+		for _, u := range g.cfg.Upstreams {
+			if !tried[u.Host] {
+				return u
+			}
+		}
+		return nil
+	}
+	up, uri := g.cfg.Upstreams[0], r.URL.RequestURI()
+	hops, allMarked := 0, true
+	var firstRedirect time.Time
+	leaderNotFound := func() {
+		e := streamcore.Errorf(http.StatusServiceUnavailable, "LEADER_NOT_FOUND", "no upstream leads the stream's group").With(streamcore.HdrRetryAfter, "1")
+		g.relayRefusal(w, r, e, allMarked, "LeaderNotFound")
+	}
+	for {
+		tried[up.Host] = true
+		res, err := g.send(r, up, uri, body)
+		if err != nil {
+			if r.Context().Err() != nil {
+				return // the client left
+			}
+			if isDialError(err) {
+				// Nothing of the request went out: another upstream may take it.
+				if n := next(); n != nil {
+					up, uri = n, r.URL.RequestURI()
+					continue
+				}
+				e := streamcore.Errorf(http.StatusServiceUnavailable, "UPSTREAM_UNREACHABLE", "no upstream could be reached").With(streamcore.HdrRetryAfter, "1")
+				g.relayRefusal(w, r, e, allMarked, "UpstreamUnreachable")
+				return
+			}
+			// Part of the request may have reached a node: the outcome is unknown, unmarked.
+			g.cfg.Logger.Warn("gateway: upstream exchange failed", "upstream", up.Host, "err", err)
+			e := streamcore.Errorf(http.StatusBadGateway, "UPSTREAM_FAILED", "the upstream exchange failed")
+			g.relayRefusal(w, r, e, false, "")
+			return
+		}
+		if res.StatusCode != http.StatusTemporaryRedirect && res.StatusCode != http.StatusPermanentRedirect {
+			if !allMarked {
+				// A redirect without a mark may have followed a proposal: the final
+				// answer's mark can no longer be vouched for.
+				res.Header.Del(streamcore.HdrNotApplied)
+			}
+			g.relay(w, r, res, expires)
+			return
+		}
+		loc := res.Header.Get("Location")
+		allMarked = allMarked && res.Header.Get(streamcore.HdrNotApplied) != ""
+		io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
+		res.Body.Close()
+		now := g.now()
+		if hops == 0 {
+			firstRedirect = now
+		}
+		hops++
+		if hops > MaxRedirectHops || now.Sub(firstRedirect) > RedirectWindow {
+			leaderNotFound()
+			return
+		}
+		to, err := res.Request.URL.Parse(loc)
+		if n := g.upstreamOf(to); err == nil && n != nil && !tried[n.Host] {
+			up, uri = n, to.RequestURI()
+		} else if n := next(); n != nil {
+			// A target outside the list, or one already tried: search the rest in order.
+			up, uri = n, r.URL.RequestURI()
+		} else {
+			leaderNotFound()
+			return
+		}
+	}
+}
+
+// upstreamOf is the listed upstream u points at (same scheme and host), or nil.
+func (g *Gateway) upstreamOf(u *url.URL) *url.URL {
+	if u == nil {
+		return nil
+	}
+	for _, up := range g.cfg.Upstreams {
+		if strings.EqualFold(up.Scheme, u.Scheme) && strings.EqualFold(up.Host, u.Host) {
+			return up
+		}
+	}
+	return nil
+}
+
+// hopHeaders are connection-scoped and never forwarded either way.
+var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+func dropHopHeaders(h http.Header) {
+	for _, c := range h.Values("Connection") {
+		for _, name := range strings.Split(c, ",") {
+			h.Del(strings.TrimSpace(name))
+		}
+	}
+	for _, name := range hopHeaders {
+		h.Del(name)
+	}
+}
+
+func (g *Gateway) send(r *http.Request, up *url.URL, uri string, body []byte) (*http.Response, error) {
+	u, err := up.Parse(uri)
+	if err != nil {
+		return nil, err
+	}
+	u.Scheme, u.Host = up.Scheme, up.Host
+	var rd io.Reader = http.NoBody
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, u.String(), rd)
+	if err != nil {
+		return nil, err
+	}
+	out.Header = r.Header.Clone()
+	dropHopHeaders(out.Header)
+	// Credentials end here: the nodes never see end-user tokens.
+	out.Header.Del("Authorization")
+	out.ContentLength = int64(len(body))
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		out.Header.Set("X-Forwarded-For", host)
+	}
+	return g.client.Do(out)
+}
+
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// relayRefusal answers a refusal of the gateway's own after forwarding started: marked
+// (token) only when every redirect the request met was marked, vouched always.
+func (g *Gateway) relayRefusal(w http.ResponseWriter, r *http.Request, e *streamcore.Error, marked bool, token string) {
+	if marked && token != "" {
+		g.refuse(w, r, e, token)
+		return
+	}
+	h := w.Header()
+	for k, v := range e.Headers {
+		h.Set(k, v)
+	}
+	h.Set(streamcore.HdrNotAppliedChecked, "1")
+	h.Set("Content-Type", "application/json")
+	b := e.Body()
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(e.Status)
+	if r.Method != http.MethodHead {
+		w.Write(b)
+	}
+}
+
+// sseCredentialExpired is the last frame of a live read whose credential expired.
+const sseCredentialExpired = "event: credential-expired\ndata: {}\n\n"
+
+// relay copies the upstream answer to the client, flushing every read so live reads
+// (SSE, long-poll) reach the client as they come.
+func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, res *http.Response, expires *time.Time) {
+	defer res.Body.Close()
+	h := w.Header()
+	for k, vs := range res.Header {
+		h[k] = vs
+	}
+	dropHopHeaders(h)
+	h.Set(streamcore.HdrNotAppliedChecked, "1")
+	w.WriteHeader(res.StatusCode)
+	rc := http.NewResponseController(w)
+	rc.Flush()
+	sse := strings.HasPrefix(res.Header.Get("Content-Type"), "text/event-stream")
+	var timer *time.Timer
+	if expires != nil && !expires.IsZero() && sse {
+		// The subscription must not outlive its credential: close the upstream body at
+		// exp, then say why.
+		fired, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		timer = time.AfterFunc(time.Until(*expires), func() {
+			res.Body.Close()
+			cancel()
+		})
+		defer func() {
+			if timer.Stop() {
+				return // the upstream ended first
+			}
+			<-fired.Done()
+			io.WriteString(w, sseCredentialExpired)
+			rc.Flush()
+		}()
+	}
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := res.Body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return
+			}
+			rc.Flush()
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// countingWriter counts the bytes and keeps the status sent to the client.
+type countingWriter struct {
+	http.ResponseWriter
+	status int
+	n      int64
+}
+
+func (c *countingWriter) WriteHeader(code int) {
+	if c.status == 0 {
+		c.status = code
+	}
+	c.ResponseWriter.WriteHeader(code)
+}
+
+func (c *countingWriter) Write(b []byte) (int, error) {
+	if c.status == 0 {
+		c.status = http.StatusOK
+	}
+	n, err := c.ResponseWriter.Write(b)
+	c.n += int64(n)
+	return n, err
+}
+
+// Unwrap lets http.ResponseController reach the connection's Flush.
+func (c *countingWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
+
+// countingReader counts the request body bytes read.
+type countingReader struct {
+	r io.ReadCloser
+	n int64
+}
+
+func (c *countingReader) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	c.n += int64(n)
+	return n, err
+}
+
+func (c *countingReader) Close() error { return c.r.Close() }
