@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"iter"
-	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
@@ -110,12 +109,44 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 
 // NewTransport returns the keep-alive transport New uses: connections are reused
 // (many idle ones per host, for concurrent writers and live readers), dialing and TLS are
-// bounded, and the outbound proxy comes from HTTPS_PROXY, HTTP_PROXY, ALL_PROXY and
-// NO_PROXY as they are when it is made (proxyFromEnv).
+// bounded (5 s each), host names are resolved under the rules of dns.go (a lookup at most
+// every 30 s, last addresses kept through failed lookups), and the outbound proxy comes
+// from HTTPS_PROXY, HTTP_PROXY, ALL_PROXY and NO_PROXY as they are when it is made
+// (proxyFromEnv).
 func NewTransport() *http.Transport {
+	return newTransport(newAddrCache(nil))
+}
+
+// TransportOptions configure NewTransportWith.
+type TransportOptions struct {
+	// CAFile is a PEM file whose CA certificates alone are trusted for https:// URLs;
+	// "" keeps the system roots.
+	CAFile string
+	// OnDNSStale is told when a host's last addresses serve a dial after its lookup
+	// failed: the time since the last successful lookup and the failure. It is called at
+	// most once per host every 5 s, with the transport's resolver locked (so it must not
+	// dial).
+	OnDNSStale func(host string, age time.Duration, reason error)
+}
+
+// NewTransportWith is NewTransport with the options o.
+func NewTransportWith(o TransportOptions) (*http.Transport, error) {
+	tr := newTransport(newAddrCache(o.OnDNSStale))
+	if o.CAFile == "" {
+		return tr, nil
+	}
+	cfg, err := tlsfiles.ClientConfigFromCAFile(o.CAFile)
+	if err != nil {
+		return nil, err
+	}
+	tr.TLSClientConfig = cfg
+	return tr, nil
+}
+
+func newTransport(ac *addrCache) *http.Transport {
 	return &http.Transport{
 		Proxy:                 proxyFromEnv(),
-		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:           ac.dialContext,
 		MaxIdleConns:          512,
 		MaxIdleConnsPerHost:   256,
 		IdleConnTimeout:       90 * time.Second,
@@ -129,16 +160,7 @@ func NewTransport() *http.Transport {
 // caFile for https:// URLs (only those: the system roots are not consulted then); ""
 // keeps the system roots.
 func NewTransportWithCA(caFile string) (*http.Transport, error) {
-	tr := NewTransport()
-	if caFile == "" {
-		return tr, nil
-	}
-	cfg, err := tlsfiles.ClientConfigFromCAFile(caFile)
-	if err != nil {
-		return nil, err
-	}
-	tr.TLSClientConfig = cfg
-	return tr, nil
+	return NewTransportWith(TransportOptions{CAFile: caFile})
 }
 
 func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
@@ -151,6 +173,9 @@ func (c *Client) SetToken(token string) {
 	}
 	c.token.Store(&token)
 }
+
+// HasToken reports whether a bearer token is set.
+func (c *Client) HasToken() bool { return c.token.Load() != nil }
 
 // StreamURL joins a base URL, a bucket and a stream id into a stream URL, escaping both ids.
 func StreamURL(base, bucket, stream string) string {

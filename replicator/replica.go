@@ -99,7 +99,8 @@ func (o *Options) syncToken() {
 	}
 }
 
-func (o *Options) defaults() error {
+// defaults fills the zero options for a replica of streamURL (which its events name).
+func (o *Options) defaults(streamURL string) error {
 	if o.SnapshotMinBytes == 0 {
 		o.SnapshotMinBytes = envInt("URSULA_VFS_SNAPSHOT_MIN_BYTES", 8<<20)
 	}
@@ -109,11 +110,14 @@ func (o *Options) defaults() error {
 	if o.AttemptLimit == 0 {
 		o.AttemptLimit = 10 * time.Second
 	}
-	if o.MaxFrameBytes == 0 {
-		o.MaxFrameBytes = envInt("URSULA_VFS_MAX_FRAME_BYTES", streamcore.MaxRequestBytes)
-	}
 	if o.Log == nil {
 		o.Log = os.Stderr
+	}
+	if o.MaxFrameBytes == 0 {
+		var adjusted string
+		if o.MaxFrameBytes, adjusted = maxFrameFromEnv(); adjusted != "" {
+			writeEvent(o.Log, streamURL, "setting_adjusted", "%s", adjusted)
+		}
 	}
 	if o.statsCap == 0 {
 		o.statsCap = defaultStatsCap
@@ -125,7 +129,10 @@ func (o *Options) defaults() error {
 		o.outagePullForward = defaultOutagePullForward
 	}
 	if o.Client == nil {
-		tr, err := client.NewTransportWithCA(os.Getenv("URSULA_VFS_CA_FILE"))
+		tr, err := client.NewTransportWith(client.TransportOptions{
+			CAFile:     os.Getenv("URSULA_VFS_CA_FILE"),
+			OnDNSStale: dnsStaleLogger(o.Log, streamURL),
+		})
 		if err != nil {
 			return fmt.Errorf("URSULA_VFS_CA_FILE: %w", err)
 		}
@@ -212,6 +219,8 @@ type Replica struct {
 	savedAt     time.Time // last sidecar write
 	attachMode  string    // "resumed" or "rebuilt"
 	attachMs    int64
+	clearText   bool        // a token sent to url crosses a network unencrypted (tokenInClear)
+	tokenWarned atomic.Bool // token_in_clear was logged
 
 	mu       sync.Mutex
 	epoch    uint64
@@ -261,7 +270,7 @@ func Attach(ctx context.Context, streamURL, path string, opts Options) (*Replica
 	if err := CheckURL(streamURL); err != nil {
 		return nil, err
 	}
-	if err := opts.defaults(); err != nil {
+	if err := opts.defaults(streamURL); err != nil {
 		return nil, err
 	}
 	sc, scErr := sidecar.Read(path)
@@ -276,7 +285,8 @@ func Attach(ctx context.Context, streamURL, path string, opts Options) (*Replica
 			"%s is the local copy of %s, not %s; use another path, or spell the URL exactly as before", path, sc.URL, streamURL)
 	}
 	c := opts.Client
-	r := &Replica{url: streamURL, path: path, opts: opts, stats: statsBuf{cap: opts.statsCap}}
+	r := &Replica{url: streamURL, path: path, opts: opts, stats: statsBuf{cap: opts.statsCap}, clearText: tokenInClear(streamURL)}
+	r.warnTokenInClear()
 	var info *client.StreamInfo
 	err := r.attachRetry(ctx, "HEAD of the stream", func() (err error) {
 		info, err = c.Head(ctx, streamURL)
@@ -547,6 +557,7 @@ func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 	var unproven bool // some attempt was refused without proof that it applied nothing
 	for attempt := 1; ; attempt++ {
 		r.opts.syncToken()
+		r.warnTokenInClear()
 		actx, cancel := context.WithTimeout(ctx, min(r.opts.AttemptLimit, time.Until(deadline)))
 		appendStart := time.Now()
 		wr, err := r.opts.Client.Append(actx, r.url, body, opts)

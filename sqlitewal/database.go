@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/replicator"
@@ -41,6 +42,9 @@ var (
 type AttachOptions struct {
 	ReadOnly bool           // rebuild the file from the stream, claim nothing
 	Client   *client.Client // nil: the URSULA_VFS_* defaults
+	// AttemptLimit bounds one commit attempt (0: 10 s). Tests shorten it to reach the
+	// limit without waiting 10 s.
+	AttemptLimit time.Duration
 }
 
 var (
@@ -94,7 +98,7 @@ func Attach(path, streamURL string, opts AttachOptions) (*Database, error) {
 		}
 		db.roOffset = img.Tail
 	} else {
-		r, err := replicator.Attach(context.Background(), streamURL, path, replicator.Options{Client: opts.Client})
+		r, err := replicator.Attach(context.Background(), streamURL, path, replicator.Options{Client: opts.Client, AttemptLimit: opts.AttemptLimit})
 		if err != nil {
 			lk.Release()
 			return nil, err

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/ncruces/go-sqlite3"
 	"github.com/ncruces/go-sqlite3/driver"
@@ -46,7 +47,8 @@ type Options struct {
 	// LazyCacheBytes bounds the page cache of a lazy open; 0: 64 MiB.
 	LazyCacheBytes int64
 
-	followReadBytes int // how much one read of a follower asks for; 0: the server's cap (tests lower it)
+	followReadBytes int           // how much one read of a follower asks for; 0: the server's cap (tests lower it)
+	attemptLimit    time.Duration // bound of one commit attempt; 0: 10 s (tests shorten it)
 }
 
 // Open attaches the database at opts.Path to the stream at streamURL and returns it as a
@@ -79,7 +81,7 @@ func Open(streamURL string, opts Options) (*sql.DB, error) {
 	if opts.ReadOnly && opts.Path == "" {
 		path, db, err = attachReadOnlySlot(path, streamURL, opts)
 	} else {
-		db, err = sqlitewal.Attach(path, streamURL, sqlitewal.AttachOptions{ReadOnly: opts.ReadOnly, Client: opts.Client})
+		db, err = sqlitewal.Attach(path, streamURL, sqlitewal.AttachOptions{ReadOnly: opts.ReadOnly, Client: opts.Client, AttemptLimit: opts.attemptLimit})
 	}
 	noteAttach(path, err)
 	if err != nil {

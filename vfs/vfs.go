@@ -1,6 +1,9 @@
 package vfs
 
 import (
+	"errors"
+	"fmt"
+	"os"
 	"strings"
 	"sync"
 
@@ -49,6 +52,17 @@ func (v ursulaVFS) OpenFilename(name *sqlvfs.Filename, flags sqlvfs.OpenFlag) (s
 			logOpenRefused(path, why)
 			return nil, 0, sqlite3.CANTOPEN
 		}
+	case flags&sqlvfs.OPEN_MAIN_JOURNAL != 0:
+		db := strings.TrimSuffix(path, "-journal")
+		if d := sqlitewal.Lookup(db); d != nil && !d.ReadOnly() {
+			if fi, err := os.Stat(db); err == nil && fi.Size() > 0 {
+				// A rollback journal means writes straight into the database file, past
+				// the WAL and so past the stream: a journal_mode other than WAL.
+				f.Close()
+				logJournalRefused(db, "a rollback journal would write past the WAL: a replicated database must stay in WAL mode")
+				return nil, 0, sqlite3.CANTOPEN
+			}
+		}
 	}
 	return f, out, nil
 }
@@ -77,6 +91,25 @@ func (f *dbFile) ReadAt(p []byte, off int64) (int, error) {
 }
 
 func (f *dbFile) Unwrap() sqlvfs.File { return f.File }
+
+// Pragma refuses, on an owner's file, the pragmas that would take writes past the WAL
+// and so past the stream: a journal_mode other than WAL, and locking_mode=EXCLUSIVE
+// (whose WAL index lives in one connection's memory). The refusal comes before SQLite
+// changes anything, and is logged as journal_refused.
+func (f *dbFile) Pragma(name, value string) (string, error) {
+	if !f.db.ReadOnly() && value != "" {
+		v := strings.ToLower(strings.Trim(value, `'"`))
+		if (name == "journal_mode" && v != "wal") || (name == "locking_mode" && v == "exclusive") {
+			reason := fmt.Sprintf("PRAGMA %s=%s refused: a replicated database stays in WAL mode with shared locking", name, v)
+			logJournalRefused(f.db.Path(), reason)
+			return "", errors.New(reason)
+		}
+	}
+	if p, ok := f.File.(sqlvfs.FilePragma); ok {
+		return p.Pragma(name, value)
+	}
+	return "", sqlite3.NOTFOUND
+}
 
 func (f *dbFile) SharedMemory() sqlvfs.SharedMemory {
 	if s, ok := f.File.(sqlvfs.FileSharedMemory); ok {
@@ -142,4 +175,10 @@ func (w *walFile) WriteAt(p []byte, off int64) (int, error) {
 func (w *walFile) Truncate(size int64) error {
 	w.wal.Truncate()
 	return w.File.Truncate(size)
+}
+
+// logJournalRefused writes the journal_refused event of an owner's file a connection
+// tried to take out of WAL mode.
+func logJournalRefused(path, reason string) {
+	fmt.Fprintf(os.Stderr, "sqlite-ursula-vfs level=warn event=journal_refused file=%q reason=%q\n", path, reason)
 }
