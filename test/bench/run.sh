@@ -74,10 +74,11 @@ for target in $targets; do
   data="$work/$target"
   mkdir -p "$data"
   url="http://127.0.0.1:$port/bench"
+  # No admin listener: its default port (client port + 1) was not checked free.
   case $target in
     memory|raft)
       # shellcheck disable=SC2086
-      "$root/bin/ursula" server --engine "$target" --listen "127.0.0.1:$port" --data "$data" ${URSULA_ARGS:-} \
+      "$root/bin/ursula" server --engine "$target" --listen "127.0.0.1:$port" --admin-listen off --data "$data" ${URSULA_ARGS:-} \
         >"$out/$target-server.log" 2>&1 &
       pids+=($!)
       "$root/bin/ursula-bench" wait "http://127.0.0.1:$port/__ursula/ready"
@@ -85,7 +86,7 @@ for target in $targets; do
     raft-always)
       printf '[raft.wal]\nfsync = "always"\n' >"$data/ursula.toml"
       # shellcheck disable=SC2086
-      "$root/bin/ursula" server --config "$data/ursula.toml" --listen "127.0.0.1:$port" --data "$data" ${URSULA_ARGS:-} \
+      "$root/bin/ursula" server --config "$data/ursula.toml" --listen "127.0.0.1:$port" --admin-listen off --data "$data" ${URSULA_ARGS:-} \
         >"$out/$target-server.log" 2>&1 &
       pids+=($!)
       "$root/bin/ursula-bench" wait "http://127.0.0.1:$port/__ursula/ready"
