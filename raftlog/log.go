@@ -152,6 +152,7 @@ type Log struct {
 	qmu     sync.Mutex
 	qcond   *sync.Cond
 	queue   []*request
+	writing bool // a writer (the flusher, or a caller of submit) owns the fields below
 	closing bool
 	failed  error // sticky: a write or fsync error ends the journal (not ENOSPC)
 	done    chan struct{}
@@ -159,7 +160,7 @@ type Log struct {
 	reap   chan []*segment // purged segments for the reaper, oldest first
 	reaped chan struct{}   // closed when the reaper has finished
 
-	// Owned by the flusher goroutine (and by Open before it starts).
+	// Owned by the writer: whoever set writing (and by Open before the flusher starts).
 	active    *segment
 	batch     []byte
 	pending   []pendingFrame
@@ -590,6 +591,24 @@ func (l *Log) submit(r *request) error {
 		l.qmu.Unlock()
 		return err
 	}
+	if !l.writing && len(l.queue) == 0 {
+		// Nobody is writing and nothing waits: write this request here instead of
+		// waking the flusher and waiting to be woken by it (two goroutine switches per
+		// append on an idle node). Requests that arrive meanwhile queue for the flusher,
+		// which takes them all in one batch as soon as this write is done.
+		l.writing = true
+		l.qmu.Unlock()
+		one := [1]*request{r}
+		l.writeRequests(one[:])
+		l.qmu.Lock()
+		l.writing = false
+		if len(l.queue) > 0 || l.closing {
+			l.qcond.Signal()
+		}
+		l.qmu.Unlock()
+		<-r.done
+		return r.err
+	}
 	l.queue = append(l.queue, r)
 	if len(l.queue) == 1 {
 		l.qcond.Signal()
@@ -607,7 +626,7 @@ func (l *Log) flusher() {
 	var reqs []*request
 	for {
 		l.qmu.Lock()
-		for len(l.queue) == 0 && !l.closing {
+		for l.writing || len(l.queue) == 0 && !l.closing {
 			l.qcond.Wait()
 		}
 		if len(l.queue) == 0 && l.closing {
@@ -615,38 +634,49 @@ func (l *Log) flusher() {
 			return
 		}
 		reqs, l.queue = l.queue, reqs[:0]
+		l.writing = true
 		l.qmu.Unlock()
 
-		err := l.writeBatch(reqs)
-		if isNoSpace(err) {
-			l.opt.Guard.NoSpace()
-			if !l.wroteSome && l.reserved && dropReserve(l.dir) {
-				// The reserve's room lets this batch (a vote, a term, a leader's
-				// entries) through; the guard keeps client writes out meanwhile.
-				l.reserved = false
-				l.logf("raftlog: disk full, released the %d byte reserve", reserveBytes)
-				err = l.writeBatch(reqs)
-			}
+		l.writeRequests(reqs)
+
+		l.qmu.Lock()
+		l.writing = false
+		l.qmu.Unlock()
+		clear(reqs)
+	}
+}
+
+// writeRequests writes a batch of requests and wakes their callers. The caller owns the
+// write state (writing is set).
+func (l *Log) writeRequests(reqs []*request) {
+	err := l.writeBatch(reqs)
+	if isNoSpace(err) {
+		l.opt.Guard.NoSpace()
+		if !l.wroteSome && l.reserved && dropReserve(l.dir) {
+			// The reserve's room lets this batch (a vote, a term, a leader's
+			// entries) through; the guard keeps client writes out meanwhile.
+			l.reserved = false
+			l.logf("raftlog: disk full, released the %d byte reserve", reserveBytes)
+			err = l.writeBatch(reqs)
 		}
-		if err == nil && !l.reserved && time.Since(l.reserveAt) > time.Second {
-			l.reserveAt = time.Now()
-			if tok, _ := l.opt.Guard.WriteRefusal(); tok == "" {
-				l.reserved = makeReserve(l.dir)
-			}
+	}
+	if err == nil && !l.reserved && time.Since(l.reserveAt) > time.Second {
+		l.reserveAt = time.Now()
+		if tok, _ := l.opt.Guard.WriteRefusal(); tok == "" {
+			l.reserved = makeReserve(l.dir)
 		}
-		if err != nil && !isNoSpace(err) {
-			l.qmu.Lock()
-			if l.failed == nil {
-				l.failed = err
-				l.logf("raftlog: journal failed, refusing further writes: %v", err)
-			}
-			l.qmu.Unlock()
+	}
+	if err != nil && !isNoSpace(err) {
+		l.qmu.Lock()
+		if l.failed == nil {
+			l.failed = err
+			l.logf("raftlog: journal failed, refusing further writes: %v", err)
 		}
-		for i, r := range reqs {
-			r.err = err
-			r.done <- struct{}{}
-			reqs[i] = nil
-		}
+		l.qmu.Unlock()
+	}
+	for _, r := range reqs {
+		r.err = err
+		r.done <- struct{}{}
 	}
 }
 

@@ -35,7 +35,8 @@ const usage = `ursula-bench: load generator for Durable Streams servers.
 
 Usage:
   ursula-bench --url BASE [--label NAME] [--duration 5s] [--json] [--out FILE] [flags]
-  ursula-bench compare A.json B.json [C.json ...]
+  ursula-bench compare [--vs LABEL] A.json B.json [C.json ...]
+  ursula-bench baseline [--write] --file BASELINE.json A.json [B.json ...]
   ursula-bench freeport [N]
   ursula-bench wait [--timeout 30s] [--ca-file F] URL
   ursula-bench certs DIR           (a throwaway CA and loopback node certificate)
@@ -56,11 +57,16 @@ Scenarios (--scenarios, comma separated; default all):
 The append scenarios use a lean HTTP/1.1 client by default (--client raw: one persistent
 connection per writer, no per-request allocation beyond the buffer), so that on a small
 machine the load generator takes little CPU from the server; --client nethttp uses Go's
-net/http client instead. Both send the same bytes to every target. For a node with TLS
-and auth, --url https://... with --ca-file (the CA to trust) and --token (a bearer token).
+net/http client instead; --client raw,nethttp runs each append scenario with both (the
+nethttp rows are named "append-N nethttp"). Both send the same bytes to every target. For
+a node with TLS and auth, --url https://... with --ca-file (the CA to trust) and --token
+(a bearer token).
 
 compare prints each scenario of the runs side by side with the ratio of the first run to
-each other run (ops/s: higher is better; latency: lower is better).
+each other run (ops/s: higher is better; latency: lower is better); with --vs LABEL, the
+ratio of each run to the run labelled LABEL instead.
+baseline compares runs with the committed baseline (see baseline.go) and prints a line
+starting "REGRESSION:" for every figure more than 20% worse; --write replaces the file.
 freeport prints N (default 1) free TCP ports on 127.0.0.1; wait polls URL until any HTTP
 answer comes.
 
@@ -78,9 +84,9 @@ type config struct {
 	sseRate    int
 	jsonOut    bool
 	outFile    string
-	client     string // raw | nethttp (append scenarios)
-	caFile     string // trust these CA certificates for https:// (TLS runs)
-	token      string // bearer token sent on every request (auth runs)
+	clients    []string // raw | nethttp, each append scenario once per client
+	caFile     string   // trust these CA certificates for https:// (TLS runs)
+	token      string   // bearer token sent on every request (auth runs)
 	tls        *tls.Config
 }
 
@@ -110,11 +116,22 @@ type Result struct {
 	MaxMs       float64 `json:"max_ms"`
 	MeanMs      float64 `json:"mean_ms"`
 	FirstError  string  `json:"first_error,omitempty"`
+	Client      string  `json:"client,omitempty"` // append scenarios: raw or nethttp
+}
+
+// key names a result in tables: the scenario, and the client unless it is the default.
+func (r Result) key() string {
+	if r.Client == "" || r.Client == "raw" {
+		return r.Scenario
+	}
+	return r.Scenario + " " + r.Client
 }
 
 func main() {
 	if len(os.Args) > 1 {
 		switch os.Args[1] {
+		case "baseline":
+			os.Exit(baseline(os.Args[2:]))
 		case "compare":
 			os.Exit(compare(os.Args[2:]))
 		case "freeport":
@@ -136,7 +153,7 @@ func main() {
 	fs.IntVar(&c.bodySize, "body", 4096, "append body size in bytes")
 	fs.IntVar(&c.sseReaders, "sse-readers", 100, "SSE subscribers in sse-N scenarios given without N")
 	fs.IntVar(&c.sseRate, "sse-rate", 50, "messages per second the SSE writer appends")
-	fs.StringVar(&c.client, "client", "raw", "HTTP client of the append scenarios: raw (lean HTTP/1.1, one connection per writer) or nethttp (Go's net/http)")
+	clients := fs.String("client", "raw", "HTTP client(s) of the append scenarios, comma separated: raw (lean HTTP/1.1, one connection per writer) and/or nethttp (Go's net/http)")
 	fs.BoolVar(&c.jsonOut, "json", false, "print the run as JSON instead of a table")
 	fs.StringVar(&c.outFile, "out", "", "also write the run as JSON to this file")
 	fs.StringVar(&c.caFile, "ca-file", "", "PEM CA certificates to trust for an https:// --url")
@@ -154,7 +171,13 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if c.url == "" || fs.NArg() > 0 || c.client != "raw" && c.client != "nethttp" {
+	badClient := false
+	for _, cl := range strings.Split(*clients, ",") {
+		cl = strings.TrimSpace(cl)
+		badClient = badClient || cl != "raw" && cl != "nethttp"
+		c.clients = append(c.clients, cl)
+	}
+	if c.url == "" || fs.NArg() > 0 || badClient {
 		fs.Usage()
 		os.Exit(2)
 	}
@@ -198,7 +221,16 @@ func runAll(c config) error {
 			if perr != nil || n < 1 {
 				return fmt.Errorf("bad scenario %q", s)
 			}
-			r, err = b.appendScenario(s, n)
+			for _, cl := range c.clients {
+				if r, err = b.appendScenario(s, n, cl); err != nil {
+					return fmt.Errorf("%s (%s client): %w", s, cl, err)
+				}
+				run.Results = append(run.Results, r)
+				if !c.jsonOut {
+					printRow(c.label, r)
+				}
+			}
+			continue
 		case s == "sse" || strings.HasPrefix(s, "sse-"):
 			n := c.sseReaders
 			if s != "sse" {
@@ -330,10 +362,11 @@ type writerStats struct {
 	first  string
 }
 
-func (b *bench) appendScenario(name string, writers int) (Result, error) {
+func (b *bench) appendScenario(name string, writers int, client string) (Result, error) {
 	urls := make([]*url.URL, writers)
 	for i := range urls {
-		u := b.streamURL(fmt.Sprintf("b%s-%s-w%d", b.runID, name, i))
+		// Own streams per client: each writer's producer sequence starts at 0 again.
+		u := b.streamURL(fmt.Sprintf("b%s-%s-%s-w%d", b.runID, name, client, i))
 		if _, err := b.create(u, "application/octet-stream"); err != nil {
 			return Result{}, err
 		}
@@ -356,7 +389,7 @@ func (b *bench) appendScenario(name string, writers int) (Result, error) {
 			u := urls[i]
 			pidText := fmt.Sprintf("bench-%s-%d", b.runID, i)
 			send := b.netHTTPAppender(u, pidText)
-			if b.cfg.client == "raw" {
+			if client == "raw" {
 				rc, err := newRawConn(u, "application/octet-stream", pidText, len(b.body), b.cfg.tls, b.cfg.token)
 				if err != nil {
 					st.first, st.errors = err.Error(), 1
@@ -413,7 +446,7 @@ func (b *bench) appendScenario(name string, writers int) (Result, error) {
 	wg.Wait()
 
 	var all []int64
-	r := Result{Scenario: name, Concurrency: writers, Seconds: secs}
+	r := Result{Scenario: name, Client: client, Concurrency: writers, Seconds: secs}
 	for i := range stats {
 		all = append(all, stats[i].lat...)
 		r.Errors += stats[i].errors
@@ -687,7 +720,7 @@ func fillLatency(r *Result, lat []int64) {
 // Output
 
 // Rows print as each scenario ends, so the columns have fixed widths.
-const rowFormat = "%-12s %-10s %5v %9v %9v %7v %9v %9v %9v %9v %7v\n"
+const rowFormat = "%-12s %-18s %5v %9v %9v %7v %9v %9v %9v %9v %7v\n"
 
 func printHeader() {
 	fmt.Printf(rowFormat, "label", "scenario", "conc", "ops", "ops/s", "MB/s", "p50", "p99", "p99.9", "max", "errors")
@@ -698,10 +731,10 @@ func printRow(label string, r Result) {
 	if r.MBPerSec > 0 {
 		mb = fmt.Sprintf("%.2f", r.MBPerSec)
 	}
-	fmt.Printf(rowFormat, label, r.Scenario, r.Concurrency, r.Ops, fmt.Sprintf("%.0f", r.OpsPerSec), mb,
+	fmt.Printf(rowFormat, label, r.key(), r.Concurrency, r.Ops, fmt.Sprintf("%.0f", r.OpsPerSec), mb,
 		fmtMs(r.P50Ms), fmtMs(r.P99Ms), fmtMs(r.P999Ms), fmtMs(r.MaxMs), r.Errors)
 	if r.FirstError != "" {
-		fmt.Fprintf(os.Stderr, "  %s %s: first error: %s\n", label, r.Scenario, r.FirstError)
+		fmt.Fprintf(os.Stderr, "  %s %s: first error: %s\n", label, r.key(), r.FirstError)
 	}
 }
 
@@ -718,70 +751,53 @@ func fmtMs(v float64) string {
 }
 
 func compare(args []string) int {
-	if len(args) < 2 {
-		fmt.Fprint(os.Stderr, "usage: ursula-bench compare A.json B.json [C.json ...]\n")
+	fs := flag.NewFlagSet("compare", flag.ExitOnError)
+	vs := fs.String("vs", "", "ratio of each run to the run with this label (default: the first run to each other)")
+	fs.Parse(args)
+	if fs.NArg() < 2 {
+		fmt.Fprint(os.Stderr, "usage: ursula-bench compare [--vs LABEL] A.json B.json [C.json ...]\n")
 		return 2
 	}
-	runs := make([]Run, len(args))
-	for i, p := range args {
-		b, err := os.ReadFile(p)
-		if err == nil {
-			err = json.Unmarshal(b, &runs[i])
-		}
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "ursula-bench compare: %s: %v\n", p, err)
-			return 1
-		}
-		if runs[i].Label == "" {
-			runs[i].Label = p
-		}
+	runs, err := loadRuns(fs.Args())
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "ursula-bench compare: %v\n", err)
+		return 1
 	}
-	var order []string
-	seen := map[string]bool{}
-	for _, r := range runs {
-		for _, res := range r.Results {
-			if !seen[res.Scenario] {
-				seen[res.Scenario] = true
-				order = append(order, res.Scenario)
+	// pairs of (numerator, denominator) run indexes for the ratio columns
+	var pairs [][2]int
+	if *vs != "" {
+		base := slices.IndexFunc(runs, func(r Run) bool { return r.Label == *vs })
+		if base < 0 {
+			fmt.Fprintf(os.Stderr, "ursula-bench compare: no run labelled %q\n", *vs)
+			return 2
+		}
+		for i := range runs {
+			if i != base {
+				pairs = append(pairs, [2]int{i, base})
 			}
 		}
-	}
-	find := func(r Run, s string) (Result, bool) {
-		for _, res := range r.Results {
-			if res.Scenario == s {
-				return res, true
-			}
+	} else {
+		for i := 1; i < len(runs); i++ {
+			pairs = append(pairs, [2]int{0, i})
 		}
-		return Result{}, false
 	}
+	order := resultKeys(runs)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprint(tw, "scenario\tmetric\t")
 	for _, r := range runs {
 		fmt.Fprintf(tw, "%s\t", r.Label)
 	}
-	for _, r := range runs[1:] {
-		fmt.Fprintf(tw, "%s/%s\t", runs[0].Label, r.Label)
+	for _, p := range pairs {
+		fmt.Fprintf(tw, "%s/%s\t", runs[p[0]].Label, runs[p[1]].Label)
 	}
 	fmt.Fprintln(tw)
-	type metric struct {
-		name string
-		get  func(Result) float64
-		ms   bool
-	}
-	metrics := []metric{
-		{"ops/s", func(r Result) float64 { return r.OpsPerSec }, false},
-		{"p50", func(r Result) float64 { return r.P50Ms }, true},
-		{"p99", func(r Result) float64 { return r.P99Ms }, true},
-		{"p99.9", func(r Result) float64 { return r.P999Ms }, true},
-		{"errors", func(r Result) float64 { return float64(r.Errors) }, false},
-	}
 	for _, s := range order {
 		for _, m := range metrics {
 			fmt.Fprintf(tw, "%s\t%s\t", s, m.name)
 			vals := make([]float64, len(runs))
 			oks := make([]bool, len(runs))
 			for i, r := range runs {
-				res, ok := find(r, s)
+				res, ok := findResult(r, s)
 				vals[i], oks[i] = m.get(res), ok
 				switch {
 				case !ok:
@@ -792,19 +808,76 @@ func compare(args []string) int {
 					fmt.Fprintf(tw, "%.0f\t", vals[i])
 				}
 			}
-			for i := 1; i < len(runs); i++ {
-				if m.name == "errors" || !oks[0] || !oks[i] || vals[i] == 0 {
+			for _, p := range pairs {
+				a, b := p[0], p[1]
+				if m.name == "errors" || !oks[a] || !oks[b] || vals[b] == 0 {
 					fmt.Fprint(tw, "-\t")
 					continue
 				}
-				fmt.Fprintf(tw, "%.2fx\t", vals[0]/vals[i])
+				fmt.Fprintf(tw, "%.2fx\t", vals[a]/vals[b])
 			}
 			fmt.Fprintln(tw)
 		}
 	}
 	tw.Flush()
-	fmt.Println("ratios: first run / other run; ops/s higher is better, latency lower is better")
+	fmt.Println("ratios: ops/s higher is better, latency lower is better")
 	return 0
+}
+
+// metric is one figure of a result in the tables.
+type metric struct {
+	name string
+	get  func(Result) float64
+	ms   bool // a latency: lower is better
+}
+
+var metrics = []metric{
+	{"ops/s", func(r Result) float64 { return r.OpsPerSec }, false},
+	{"p50", func(r Result) float64 { return r.P50Ms }, true},
+	{"p99", func(r Result) float64 { return r.P99Ms }, true},
+	{"p99.9", func(r Result) float64 { return r.P999Ms }, true},
+	{"errors", func(r Result) float64 { return float64(r.Errors) }, false},
+}
+
+func loadRuns(paths []string) ([]Run, error) {
+	runs := make([]Run, len(paths))
+	for i, p := range paths {
+		b, err := os.ReadFile(p)
+		if err == nil {
+			err = json.Unmarshal(b, &runs[i])
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", p, err)
+		}
+		if runs[i].Label == "" {
+			runs[i].Label = p
+		}
+	}
+	return runs, nil
+}
+
+// resultKeys lists the result keys of runs in first-seen order.
+func resultKeys(runs []Run) []string {
+	var order []string
+	seen := map[string]bool{}
+	for _, r := range runs {
+		for _, res := range r.Results {
+			if k := res.key(); !seen[k] {
+				seen[k] = true
+				order = append(order, k)
+			}
+		}
+	}
+	return order
+}
+
+func findResult(r Run, key string) (Result, bool) {
+	for _, res := range r.Results {
+		if res.key() == key {
+			return res, true
+		}
+	}
+	return Result{}, false
 }
 
 // ---------------------------------------------------------------------------------------

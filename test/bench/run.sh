@@ -5,8 +5,12 @@
 # Builds bin/ursula and bin/ursula-bench, then for each target in turn starts it on free
 # loopback ports, runs the same scenarios (append latency/throughput with 1, 16 and 64
 # writers; SSE delivery latency to 100 live readers), and stops it, so targets never
-# compete for the CPUs. Then prints one comparison table (absolute numbers and the ratio of
-# the first target to each other one). Targets (BENCH_TARGETS, default all):
+# compete for the CPUs. The append scenarios run twice, with the lean raw client and with Go's
+# net/http client (rows "append-N nethttp"). Then prints one comparison table (absolute
+# numbers and the ratio of each target to the reference server, or of the first target to
+# each other one when the reference is not run), and compares the run with the committed
+# baseline test/bench/baseline.json: a line starting "REGRESSION:" for every figure more
+# than 20% worse. Targets (BENCH_TARGETS, default all):
 #   memory        ursula --engine memory (nothing persisted)
 #   raft          ursula default: raft single voter, node log fsync=never
 #   raft-secure   raft as above with TLS on the listener and a bearer token checked on
@@ -22,6 +26,10 @@
 #   BENCH_OUT      directory for the JSON results (default test/bench/results/<timestamp>)
 #   BENCH_TARGETS  e.g. "memory raft raft3"
 #   URSULA_ARGS    extra flags for `ursula server`
+#   BENCH_CLIENTS  clients of the append scenarios (default raw,nethttp)
+#   BENCH_BASELINE the baseline file (default test/bench/baseline.json)
+#   BENCH_WRITE_BASELINE=1  replace the baseline file with this run (refresh it from a full
+#                  run on a quiet machine, and commit it)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -122,11 +130,22 @@ for target in $targets; do
     *) echo "unknown target $target" >&2; exit 2 ;;
   esac
   echo "== $target ($(nproc 2>/dev/null || echo ?) CPUs, shared with the load generator)"
-  bench --url "$url" --label "$target" --out "$out/$target.json" ${secure[@]+"${secure[@]}"} "$@"
+  bench --url "$url" --label "$target" --out "$out/$target.json" --client "${BENCH_CLIENTS:-raw,nethttp}" ${secure[@]+"${secure[@]}"} "$@"
   results+=("$out/$target.json")
   stop_all
 done
 
 echo "== comparison"
-"$root/bin/ursula-bench" compare "${results[@]}" | tee "$out/compare.txt"
+vs=()
+[[ " $targets " == *" reference "* ]] && vs=(--vs reference)
+"$root/bin/ursula-bench" compare "${vs[@]}" "${results[@]}" | tee "$out/compare.txt"
+baseline=${BENCH_BASELINE:-$root/test/bench/baseline.json}
+if [ "${BENCH_WRITE_BASELINE:-}" = 1 ]; then
+  "$root/bin/ursula-bench" baseline --write --file "$baseline" "${results[@]}"
+elif [ -f "$baseline" ]; then
+  echo "== regression guard"
+  "$root/bin/ursula-bench" baseline --file "$baseline" "${results[@]}" | tee "$out/baseline.txt"
+else
+  echo "== no baseline at $baseline (BENCH_WRITE_BASELINE=1 writes one)"
+fi
 echo "results in $out"
