@@ -462,11 +462,11 @@ func (st *State) drop(s *Stream) {
 	}
 }
 
-// InvolvesForks reports whether applying c may touch a stream in another state (a fork
-// create, or removing a stream that is a fork or has forks), so the engine knows which
-// locks to take.
+// InvolvesForks reports whether applying c may touch a stream in another state or other
+// streams than c.Key (a fork create, removing a stream that is a fork or has forks, a
+// bucket purge), so the engine knows which locks to take and what to recount.
 func (st *State) InvolvesForks(c *Command) bool {
-	if c.Fork != nil {
+	if c.Fork != nil || c.Op == OpPurgeBucket {
 		return true
 	}
 	if s := st.Streams[c.Key]; s != nil && (c.Op == OpCreate || c.Op == OpDelete) {
