@@ -53,6 +53,7 @@ func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request) {
 func isAdminPath(raw string) bool {
 	return strings.HasPrefix(raw, "/__ursula/raft/") || strings.HasPrefix(raw, "/__ursula/flush-cold/") ||
 		raw == "/__ursula/members" || strings.HasPrefix(raw, "/__ursula/recovery") ||
+		strings.HasPrefix(raw, purgePrefix) || raw == "/__ursula/usage" ||
 		strings.HasPrefix(raw, "/__ursula/leadership-shed")
 }
 
@@ -87,6 +88,14 @@ func (s *Server) routeAdmin(w http.ResponseWriter, r *http.Request) {
 		return
 	case "/__ursula/raft/status", "/__ursula/raft/transfer", "/__ursula/raft/drain":
 		s.handleRaftAdmin(w, r, raw)
+		return
+	}
+	if raw == "/__ursula/usage" {
+		s.handleUsage(w, r)
+		return
+	}
+	if strings.HasPrefix(raw, purgePrefix) {
+		s.handlePurge(w, r, raw)
 		return
 	}
 	if strings.HasPrefix(raw, "/__ursula/flush-cold/") {

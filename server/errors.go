@@ -46,6 +46,9 @@ func (s *Server) propose(ctx context.Context, c *streamcore.Command) (streamcore
 		return res, streamcore.Errorf(http.StatusServiceUnavailable, streamcore.CodeOutcomeUnknown, "the write was proposed but its outcome is unknown").
 			With(streamcore.HdrRetryAfter, "1")
 	}
+	if res.Err == nil && res.Changed && len(c.Body) > 0 && (c.Op == streamcore.OpAppend || c.Op == streamcore.OpCreate) {
+		s.usage.wrote(streamcore.BucketOf(c.Key), len(c.Body))
+	}
 	return res, nil
 }
 

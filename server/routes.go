@@ -88,6 +88,9 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		}
 		t := &target{bucket: segs[0], stream: segs[1], key: segs[0] + "/" + segs[1], url: raw}
 		s.routeStream(w, r, t, segs[2:])
+		if sw, ok := w.(*statusWriter); ok && r.Method == http.MethodGet && sw.status < 300 {
+			s.usage.read(t.bucket, sw.sent)
+		}
 	}
 }
 

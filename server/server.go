@@ -50,6 +50,7 @@ type Server struct {
 	bodies  *bodyBudget
 	flushes flushLimiter
 	admit   Admission // nil: writes are never refused for node pressure
+	usage   usageMeter
 }
 
 // New returns a server over eng.
@@ -172,6 +173,7 @@ type statusWriter struct {
 	http.ResponseWriter
 	status     int
 	wrote      bool
+	sent       int64 // body bytes written
 	bodyCharge int64 // request body bytes charged to the node's budget until the request ends
 }
 
@@ -186,7 +188,9 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	if !w.wrote {
 		w.status, w.wrote = http.StatusOK, true
 	}
-	return w.ResponseWriter.Write(b)
+	n, err := w.ResponseWriter.Write(b)
+	w.sent += int64(n)
+	return n, err
 }
 
 func (w *statusWriter) Flush() {

@@ -17,6 +17,9 @@ const (
 	// OpRestoreStream installs a stream from a backup as a history rewrite: Body is the
 	// stream encoded by EncodeStream, NewIncarnation its new token (see restore.go).
 	OpRestoreStream
+	// OpPurgeBucket erases every stream of the bucket Key (a bucket name, no slash) in
+	// this state and fences the bucket forever (see purge.go).
+	OpPurgeBucket
 )
 
 func (o Op) String() string {
@@ -37,6 +40,8 @@ func (o Op) String() string {
 		return "record_chunk"
 	case OpRestoreStream:
 		return "restore_stream"
+	case OpPurgeBucket:
+		return "purge_bucket"
 	}
 	return "unknown"
 }

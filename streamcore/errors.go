@@ -89,6 +89,7 @@ const (
 	CodeKeyConflict            = "PRODUCER_KEY_CONFLICT"
 	CodeStreamNotFound         = "STREAM_NOT_FOUND"
 	CodeBucketNotFound         = "BUCKET_NOT_FOUND"
+	CodeBucketErased           = "BUCKET_ERASED"
 	CodeSnapshotNotFound       = "SNAPSHOT_NOT_FOUND"
 	CodeNotFound               = "NOT_FOUND"
 	CodeMethodNotAllowed       = "METHOD_NOT_ALLOWED"

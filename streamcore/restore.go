@@ -22,7 +22,7 @@ func EncodeStream(s *Stream) []byte {
 // DecodeStream decodes a stream encoded by EncodeStream.
 func DecodeStream(b []byte) (*Stream, error) {
 	d := decoder{b: b}
-	if d.ver = d.byte(); d.ver != stateCodecVersion && d.ver != 1 {
+	if d.ver = d.byte(); !knownStateVersion(d.ver) {
 		return nil, fmt.Errorf("%w: state codec version %d", ErrCodec, d.ver)
 	}
 	s := d.stream()

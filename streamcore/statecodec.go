@@ -24,8 +24,11 @@ import (
 
 const (
 	commandCodecVersion = 1
-	stateCodecVersion   = 2 // 2 added the history-rewrite fields; 1 still decodes
+	// 2 added the history-rewrite fields, 3 the erased buckets; 1 and 2 still decode.
+	stateCodecVersion = 3
 )
+
+func knownStateVersion(v uint8) bool { return v >= 1 && v <= stateCodecVersion }
 
 // ErrCodec reports a malformed encoded command or state.
 var ErrCodec = errors.New("streamcore: malformed encoding")
@@ -319,6 +322,17 @@ func WriteState(w io.Writer, st *State) error {
 			e.b = e.b[:0]
 		}
 	}
+	erased := make([]string, 0, len(st.Erased))
+	for b, ok := range st.Erased {
+		if ok {
+			erased = append(erased, b)
+		}
+	}
+	sort.Strings(erased)
+	e.u(uint64(len(erased)))
+	for _, b := range erased {
+		e.s(b)
+	}
 	_, err := w.Write(e.b)
 	return err
 }
@@ -326,7 +340,7 @@ func WriteState(w io.Writer, st *State) error {
 // ReadState decodes a state written by WriteState.
 func ReadState(b []byte) (*State, error) {
 	d := decoder{b: b}
-	if d.ver = d.byte(); d.ver != stateCodecVersion && d.ver != 1 {
+	if d.ver = d.byte(); !knownStateVersion(d.ver) {
 		return nil, fmt.Errorf("%w: state codec version %d", ErrCodec, d.ver)
 	}
 	st := NewState()
@@ -336,6 +350,11 @@ func ReadState(b []byte) (*State, error) {
 	for n := d.count(); n > 0 && d.err == nil; n-- {
 		k := d.s()
 		st.Streams[k] = d.stream()
+	}
+	if d.ver >= 3 {
+		for n := d.count(); n > 0 && d.err == nil; n-- {
+			st.Erased[d.s()] = true
+		}
 	}
 	if err := d.finish(); err != nil {
 		return nil, err
@@ -561,9 +580,13 @@ func clone(p []byte) []byte {
 // blocks are capped at their current length); append-only slices are shared capped;
 // everything apply mutates in place (producers, the receipt ring) is copied.
 func CaptureState(st *State) *State {
-	c := &State{Streams: make(map[string]*Stream, len(st.Streams)), Buckets: make(map[string]bool, len(st.Buckets))}
+	c := &State{Streams: make(map[string]*Stream, len(st.Streams)), Buckets: make(map[string]bool, len(st.Buckets)),
+		Erased: make(map[string]bool, len(st.Erased))}
 	for b, ok := range st.Buckets {
 		c.Buckets[b] = ok
+	}
+	for b, ok := range st.Erased {
+		c.Erased[b] = ok
 	}
 	for k, s := range st.Streams {
 		cs := *s

@@ -17,7 +17,7 @@ var codecFields = map[reflect.Type][]string{
 	reflect.TypeFor[ProducerHeaders](): {"ID", "Epoch", "Seq", "Digest"},
 	reflect.TypeFor[ForkSpec]():        {"Source", "Offset", "HasOffset", "SubOffset"},
 	reflect.TypeFor[Error]():           {"Status", "Code", "Message", "Headers"},
-	reflect.TypeFor[State]():           {"Streams", "Buckets", "Peer"},
+	reflect.TypeFor[State]():           {"Streams", "Buckets", "Erased", "Peer"},
 	reflect.TypeFor[Stream]():          {"Key", "ContentType", "TTL", "ExpiresAt", "ExpiresAtMs", "Closed", "Incarnation", "CreatedMs", "RenewedMs", "Retained", "Data", "Appends", "StreamSeq", "Producers", "Receipts", "EpochFloor", "HasEpochFloor", "Snapshot", "Fork", "ForkRefs", "SoftDeleted", "closedByRecord", "Chunks", "PreviousIncarnation", "InheritedOffset"},
 	reflect.TypeFor[Snapshot]():        {"Offset", "ContentType", "Digest", "Body", "ColdKey", "Size"},
 	reflect.TypeFor[ColdChunk]():       {"Key", "Start", "End"},
@@ -89,6 +89,9 @@ func richState(t *testing.T) *State {
 	restored := CaptureState(st).Streams["b/bin"]
 	must(&Command{Op: OpDelete, Key: "b/bin", Now: now + 8000})
 	must(&Command{Op: OpRestoreStream, Key: "b/bin", Now: now + 8001, NewIncarnation: 16, Body: EncodeStream(restored)})
+	// A purged bucket: its fence is part of the state.
+	must(&Command{Op: OpCreate, Key: "gone/s", Now: now, TTL: -1, ContentType: "text/plain", NewIncarnation: 17, Body: []byte("x")})
+	must(&Command{Op: OpPurgeBucket, Key: "gone", Now: now + 8002})
 	if !st.Streams["b/fork"].SoftDeleted || st.Streams["b/json"].ForkRefs != 1 {
 		t.Fatal("fixture: soft delete did not happen")
 	}

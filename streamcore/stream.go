@@ -133,6 +133,8 @@ type Result struct {
 	Err     *Error
 	Created bool // a new incarnation was created (the server adds Location)
 	Changed bool // readers of Key may have new bytes or a new state
+	// Purged lists the streams a bucket purge removed (OpPurgeBucket only).
+	Purged []PurgedStream
 }
 
 func (r *Result) set(name, value string) { r.Headers = append(r.Headers, Header{name, value}) }
@@ -156,6 +158,8 @@ func fail(e *Error) Result { return Result{Status: e.Status, Err: e} }
 type State struct {
 	Streams map[string]*Stream
 	Buckets map[string]bool // every bucket a stream was ever created in
+	// Erased holds the purged buckets: no stream may be created in them again.
+	Erased map[string]bool
 	// Peer resolves the state holding another key, for forks whose source lives in
 	// another shard or group; nil means every key lives here. The engine must hold the
 	// locks of every state a fork command touches.
@@ -173,7 +177,7 @@ func (st *State) holder(key string) *State {
 
 // NewState returns an empty state.
 func NewState() *State {
-	return &State{Streams: map[string]*Stream{}, Buckets: map[string]bool{}}
+	return &State{Streams: map[string]*Stream{}, Buckets: map[string]bool{}, Erased: map[string]bool{}}
 }
 
 // Live returns the stream at key if it exists and has not expired at now. A soft-deleted
@@ -194,6 +198,9 @@ func BucketOf(key string) string {
 
 // NotFound is the 404 for a missing stream at key.
 func (st *State) NotFound(key string) *Error {
+	if st.Erased[BucketOf(key)] {
+		return erasedError()
+	}
 	if !st.Buckets[BucketOf(key)] {
 		return Errorf(http.StatusNotFound, CodeBucketNotFound, "bucket does not exist")
 	}
@@ -202,6 +209,9 @@ func (st *State) NotFound(key string) *Error {
 
 // Apply runs one command. It never reads the clock and never panics on any command.
 func (st *State) Apply(c *Command) Result {
+	if (c.Op == OpCreate || c.Op == OpRestoreStream) && st.Erased[BucketOf(c.Key)] {
+		return fail(erasedError())
+	}
 	switch c.Op {
 	case OpCreate:
 		return st.create(c)
@@ -222,6 +232,8 @@ func (st *State) Apply(c *Command) Result {
 		return st.recordChunk(c)
 	case OpRestoreStream:
 		return st.restoreStream(c)
+	case OpPurgeBucket:
+		return st.purgeBucket(c)
 	}
 	return fail(Errorf(http.StatusBadRequest, CodeInvalidRequest, "unknown command"))
 }
@@ -450,11 +462,11 @@ func (st *State) drop(s *Stream) {
 	}
 }
 
-// InvolvesForks reports whether applying c may touch a stream in another state (a fork
-// create, or removing a stream that is a fork or has forks), so the engine knows which
-// locks to take.
+// InvolvesForks reports whether applying c may touch a stream in another state or other
+// streams than c.Key (a fork create, removing a stream that is a fork or has forks, a
+// bucket purge), so the engine knows which locks to take and what to recount.
 func (st *State) InvolvesForks(c *Command) bool {
-	if c.Fork != nil {
+	if c.Fork != nil || c.Op == OpPurgeBucket {
 		return true
 	}
 	if s := st.Streams[c.Key]; s != nil && (c.Op == OpCreate || c.Op == OpDelete) {

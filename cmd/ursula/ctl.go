@@ -40,6 +40,9 @@ Commands:
   members remove ID       remove node ID from every group
   observe-unsynced-loss   what this node may have lost in an unclean stop (recovery gates)
   accept-unsynced-loss    accept the loss a single node reports, so it stops reporting it
+  purge BUCKET            erase every stream and cold object of BUCKET and fence it for good
+                          (later requests answer 404 BUCKET_ERASED); safe to repeat
+  usage                   per-bucket appends, bytes in and out, retained and staged bytes
 
 Exit status: 0 on success, 2 on a usage error, 1 otherwise (with a one-line reason).
 `
@@ -117,6 +120,10 @@ func runCtl(args []string, stdout, stderr io.Writer) int {
 		err = c.observeLoss()
 	case cmd == "accept-unsynced-loss" && len(rest) == 0:
 		err = c.acceptLoss()
+	case cmd == "purge" && len(rest) == 1:
+		err = c.purge(rest[0])
+	case cmd == "usage" && len(rest) == 0:
+		err = c.usage()
 	default:
 		fmt.Fprintf(stderr, "ursula ctl: unknown command or wrong arguments: %s\n\n%s", strings.Join(fs.Args(), " "), ctlUsage)
 		return 2

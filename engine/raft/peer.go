@@ -27,6 +27,7 @@ import (
 //	              read made it due (a follower's read cannot propose). Empty answer.
 //	peerColdRefs  payload: object keys, one a line. The answer lists those a local replica
 //	              references or a read or upload of this node pins.
+//	peerPurge     a bucket purge in one group, for its leader (purge.go).
 const (
 	peerRenew    byte = 'T'
 	peerColdRefs byte = 'R'
@@ -195,6 +196,8 @@ func (e *Engine) servePeer(c net.Conn) {
 		e.renewAsLeader(string(payload))
 	case peerColdRefs:
 		answer = e.localColdRefs(payload)
+	case peerPurge:
+		status, answer = e.servePurge(payload)
 	case peerMember, peerCommitIndex:
 		status, answer = e.serveLifecyclePeer(op, payload)
 	default:
