@@ -35,8 +35,14 @@ func (c *Tier) Plan(str *streamcore.Stream, start, end uint64) *ReadPlan {
 	return p
 }
 
-// Fetch reads the planned cold bytes (outside any lock) and releases the plan.
-func (c *Tier) Fetch(p *ReadPlan) ([]byte, *streamcore.Error) {
+// Size is the number of cold bytes the plan reads.
+func (p *ReadPlan) Size() uint64 { return p.to - p.from }
+
+// Fetch reads the planned cold bytes (outside any lock) and releases the plan. The parts
+// are the cold cache's own blocks, not copies: readers of the same range share them, so
+// a reader that is slow to take its answer pins no private copy. They must not be
+// written to.
+func (c *Tier) Fetch(p *ReadPlan) ([][]byte, *streamcore.Error) {
 	defer c.Release(p)
 	ctx, cancel := coldCtx()
 	defer cancel()
@@ -54,9 +60,9 @@ func (c *Tier) Release(p *ReadPlan) {
 	}
 }
 
-// readChunks returns the stream bytes [from, to) held by chunks.
-func (c *Tier) readChunks(ctx context.Context, chunks []streamcore.ColdChunk, from, to uint64) ([]byte, error) {
-	out := make([]byte, 0, to-from)
+// readChunks returns the stream bytes [from, to) held by chunks, as slices of cached blocks.
+func (c *Tier) readChunks(ctx context.Context, chunks []streamcore.ColdChunk, from, to uint64) ([][]byte, error) {
+	var out [][]byte
 	pos := from
 	for _, ch := range chunks {
 		if pos >= to {
@@ -110,7 +116,9 @@ func (c *Tier) ReadRange(key string, inc, from, to uint64) ([]byte, *streamcore.
 		if e != nil {
 			return nil, e
 		}
-		out = append(out, cold...)
+		for _, part := range cold {
+			out = append(out, part...)
+		}
 	}
 	for _, h := range hot {
 		out = append(out, h...)
@@ -225,9 +233,10 @@ func (cc *coldCache) put(id blockID, data []byte) {
 	}
 }
 
-// readObject appends the bytes [off, off+n) of an object of size objSize to dst, through
-// the cache: missing blocks are fetched with one range GET per contiguous run.
-func (c *Tier) readObject(ctx context.Context, dst []byte, key string, objSize, off, n int64) ([]byte, error) {
+// readObject appends the bytes [off, off+n) of an object of size objSize to dst, as
+// slices of blocks, through the cache: missing blocks are fetched with one range GET per
+// contiguous run.
+func (c *Tier) readObject(ctx context.Context, dst [][]byte, key string, objSize, off, n int64) ([][]byte, error) {
 	if n <= 0 {
 		return dst, nil
 	}
@@ -263,7 +272,7 @@ func (c *Tier) readObject(ctx context.Context, dst []byte, key string, objSize, 
 		lo := max(off-start, 0)
 		hi := min(off+n-start, int64(len(blk)))
 		if lo < hi {
-			dst = append(dst, blk[lo:hi]...)
+			dst = append(dst, blk[lo:hi:hi])
 		}
 	}
 	return dst, nil

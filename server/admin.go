@@ -154,6 +154,7 @@ type MetricsSnapshot struct {
 	ClusterID     string             `json:"cluster_id"`
 	Engine        engine.EngineStats `json:"engine"`
 	LiveReaders   int64              `json:"live_readers"`
+	ColdReadHeld  int64              `json:"cold_read_bytes_held"` // cold bytes held for readers (the budget in use)
 	AppendBytes   uint64             `json:"append_bytes_total"`
 	ReadBytes     uint64             `json:"read_bytes_total"`
 	Requests      map[string]uint64  `json:"requests_total"`
@@ -169,6 +170,7 @@ func (s *Server) MetricsSnapshot() MetricsSnapshot {
 		ClusterID:     s.cfg.ClusterID,
 		Engine:        s.engine.Stats(),
 		LiveReaders:   s.live.Load(),
+		ColdReadHeld:  s.coldReads.inUse(),
 		AppendBytes:   s.metrics.appendBytes.Load(),
 		ReadBytes:     s.metrics.readBytes.Load(),
 		Requests:      map[string]uint64{},
@@ -207,6 +209,7 @@ func (s *Server) handleMetricsProm(w http.ResponseWriter, r *http.Request) {
 	gauge("ursula_streams", "Streams held by the engine.", ms.Engine.Streams)
 	gauge("ursula_stream_bytes", "Stream bytes held by the engine.", ms.Engine.Bytes)
 	gauge("ursula_live_readers", "Open long-poll and SSE readers.", ms.LiveReaders)
+	gauge("ursula_cold_read_bytes_held", "Cold-tier bytes held for readers that have not taken them yet.", ms.ColdReadHeld)
 	counter("ursula_append_bytes_total", "Bytes appended.", ms.AppendBytes)
 	counter("ursula_read_bytes_total", "Bytes served by reads.", ms.ReadBytes)
 	if c := ms.Cold; c != nil {

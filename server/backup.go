@@ -5,6 +5,7 @@ package server
 // on its own (no cross-group consistency) while writes go on.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -142,7 +143,7 @@ func (s *Server) inlineCold(ctx context.Context, st *streamcore.State) *streamco
 			if e != nil {
 				return e
 			}
-			if err := str.InlineCold(from, cold); err != nil {
+			if err := str.InlineCold(from, bytes.Join(cold, nil)); err != nil {
 				return streamcore.Errorf(http.StatusInternalServerError, streamcore.CodeInternal, "stream %s: %v", k, err)
 			}
 		}

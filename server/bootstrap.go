@@ -33,6 +33,7 @@ func (s *Server) handleBootstrap(w http.ResponseWriter, r *http.Request, t *targ
 		from = head.snap.Offset
 	}
 	v, e := s.look(t, streamcore.ReadOffset{Pos: from}, streamcore.MaxReadBytes, inc)
+	defer s.done(v)
 	if e != nil {
 		s.writeError(w, r, e)
 		return
@@ -58,6 +59,7 @@ func (s *Server) handleBootstrap(w http.ResponseWriter, r *http.Request, t *targ
 	if json && len(updates) == 0 && v.end < v.tail {
 		// A single message larger than the cap: read just that message.
 		full, _ := s.look(t, streamcore.ReadOffset{Pos: from}, streamcore.MaxRequestBytes, inc)
+		defer s.done(full)
 		if full != nil {
 			all := flatten(full.data)
 			if i := bytes.IndexByte(all, '\n'); i >= 0 {

@@ -44,6 +44,7 @@ func (s *Server) handleImmutable(w http.ResponseWriter, r *http.Request, t *targ
 	}
 	chunkEnd := (off/streamcore.ChunkGrid + 1) * streamcore.ChunkGrid
 	v, e := s.look(t, streamcore.ReadOffset{Pos: off}, chunkEnd-off, inc)
+	defer s.done(v)
 	if e != nil {
 		s.writeError(w, r, e)
 		return

@@ -30,16 +30,25 @@ type Limits struct {
 	// SSEKeepAlive is the interval of SSE comment lines on a quiet stream, so proxies and
 	// clients see the connection alive and a vanished reader is noticed.
 	SSEKeepAlive time.Duration
+	// ColdReadBytes is the most a catch-up read (plain, long-poll or SSE event) takes
+	// from the cold tier at once; the client reads on from Stream-Next-Offset.
+	ColdReadBytes int64
+	// InflightColdReadBytes is the node-wide budget of cold-tier bytes held for readers
+	// until their clients took them. A read that finds no room within a second gets 503
+	// COLD_READ_BACKPRESSURE with Retry-After.
+	InflightColdReadBytes int64
 }
 
 // Default limits (documented in README.md, "Limits").
 const (
-	DefaultInflightBodyBytes = 256 << 20
-	DefaultBodyIdleTimeout   = 10 * time.Second
-	DefaultBodyMinRate       = 4 << 10
-	DefaultWriteTimeout      = 60 * time.Second
-	DefaultLiveWriteTimeout  = 30 * time.Second
-	DefaultSSEKeepAlive      = 15 * time.Second
+	DefaultInflightBodyBytes     = 256 << 20
+	DefaultBodyIdleTimeout       = 10 * time.Second
+	DefaultBodyMinRate           = 4 << 10
+	DefaultWriteTimeout          = 60 * time.Second
+	DefaultLiveWriteTimeout      = 30 * time.Second
+	DefaultSSEKeepAlive          = 15 * time.Second
+	DefaultColdReadBytes         = 1 << 20
+	DefaultInflightColdReadBytes = 64 << 20
 )
 
 func (l Limits) withDefaults() Limits {
@@ -63,6 +72,12 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.SSEKeepAlive <= 0 {
 		l.SSEKeepAlive = DefaultSSEKeepAlive
+	}
+	if l.ColdReadBytes <= 0 {
+		l.ColdReadBytes = DefaultColdReadBytes
+	}
+	if l.InflightColdReadBytes <= 0 {
+		l.InflightColdReadBytes = DefaultInflightColdReadBytes
 	}
 	return l
 }

@@ -65,7 +65,7 @@ func (s *Server) longPoll(w http.ResponseWriter, r *http.Request, t *target, rq 
 	var firstInc uint64
 	for i := 0; ; i++ {
 		ch := s.engine.Watch(t.key)
-		v, e := s.look(t, off, rq.maxBytes, inc)
+		v, e := s.lookShort(t, off, rq.maxBytes, inc)
 		if e == nil && i > 0 && v.inc != firstInc {
 			// Recreated while waiting: the old stream is gone.
 			if inc != 0 {
@@ -76,6 +76,7 @@ func (s *Server) longPoll(w http.ResponseWriter, r *http.Request, t *target, rq 
 			}
 		}
 		if e != nil {
+			s.done(v)
 			s.writeError(w, r, e)
 			return
 		}
@@ -88,6 +89,7 @@ func (s *Server) longPoll(w http.ResponseWriter, r *http.Request, t *target, rq 
 		}
 		if v.end > v.start {
 			s.writeData(w, r, v, false, s.cursorIfOpen(v, rq))
+			s.done(v)
 			return
 		}
 		if v.closed {
@@ -187,11 +189,12 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, t *target, rq 
 		default:
 		}
 		ch := s.engine.Watch(t.key)
-		v, e = s.look(t, off, maxBytes, 0)
+		v, e = s.lookShort(t, off, maxBytes, 0)
 		if e == nil && v.inc != firstInc {
 			e = streamcore.Errorf(http.StatusNotFound, streamcore.CodeStreamNotFound, "stream was deleted or recreated")
 		}
 		if e != nil {
+			s.done(v)
 			buf = streamcore.AppendSSEError(buf[:0], e)
 			s.sseWrite(rc, w, buf)
 			return
@@ -209,6 +212,7 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, t *target, rq 
 			buf = streamcore.AppendSSEControl(buf, s.control(v, rq))
 			err := s.sseWrite(rc, w, buf)
 			runtime.KeepAlive(v)
+			s.done(v)
 			if err != nil {
 				return
 			}

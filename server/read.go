@@ -32,6 +32,7 @@ type view struct {
 	jsonArray bool               // compat family: JSON reads are one JSON array of whole messages
 	pin       any                // keeps the blocks behind data mapped (streamcore.Buffer.Pin)
 	cold      *coldtier.ReadPlan // bytes below the hot buffer, fetched after the View
+	coldHeld  int64              // cold bytes charged to the node's budget (Server.done gives them back)
 	hotStart  uint64             // first offset still in the hot tier
 	prevInc   uint64             // history rewrite: the token before it (0 = none)
 	inherited uint64             // history rewrite: the tail kept then
@@ -108,8 +109,20 @@ func parseReadQuery(q url.Values, compat bool) (*readQuery, *streamcore.Error) {
 }
 
 // look takes a view of t at off reading at most maxBytes. It returns the refusal in the
-// protocol's order: 404, 410, 416, then 412.
+// protocol's order: 404, 410, 416, then 412. Cold bytes in the view are charged to the
+// node's cold-read budget until s.done(v).
 func (s *Server) look(t *target, off streamcore.ReadOffset, maxBytes uint64, inc uint64) (*view, *streamcore.Error) {
+	return s.lookCapped(t, off, maxBytes, inc, 0)
+}
+
+// lookShort is look for a catch-up read, which may answer with fewer bytes than asked:
+// a window that starts in the cold tier is cut to Limits.ColdReadBytes.
+func (s *Server) lookShort(t *target, off streamcore.ReadOffset, maxBytes uint64, inc uint64) (*view, *streamcore.Error) {
+	return s.lookCapped(t, off, maxBytes, inc, uint64(s.cfg.Limits.ColdReadBytes))
+}
+
+// lookCapped is look with the cold part of the window cut to coldCap bytes (0: uncut).
+func (s *Server) lookCapped(t *target, off streamcore.ReadOffset, maxBytes, inc, coldCap uint64) (*view, *streamcore.Error) {
 	var v *view
 	var e *streamcore.Error
 	now := s.now()
@@ -150,6 +163,9 @@ func (s *Server) look(t *target, off streamcore.ReadOffset, maxBytes uint64, inc
 			return
 		}
 		v.end = min(v.tail, v.start+maxBytes)
+		if base := str.Data.Base(); coldCap > 0 && v.start < base && v.start+coldCap < base {
+			v.end = min(v.end, v.start+coldCap)
+		}
 		if v.cold = s.cold.Plan(str, v.start, v.end); v.cold != nil {
 			if base := str.Data.Base(); v.end > base {
 				v.data, v.pin = str.Data.Slices(base, v.end), str.Data.Pin()
@@ -375,11 +391,18 @@ func (s *Server) writeData(w http.ResponseWriter, r *http.Request, v *view, noET
 // fetchCold reads the planned cold bytes (outside any lock) and puts them in front of
 // v.data. A compat JSON read is then cut back to whole messages.
 func (s *Server) fetchCold(key string, v *view) *streamcore.Error {
+	n := int64(v.cold.Size())
+	if !s.coldReads.take(n, coldReadWait) {
+		s.cold.Release(v.cold)
+		return coldReadRefusal()
+	}
+	v.coldHeld = n
 	cold, e := s.cold.Fetch(v.cold)
 	if e != nil {
+		s.done(v)
 		return e
 	}
-	v.data = append([][]byte{cold}, v.data...)
+	v.data = append(cold, v.data...)
 	if v.jsonArray && v.end < v.tail {
 		flat := flatten(v.data)
 		if i := bytes.LastIndexByte(flat, '\n'); i >= 0 {
@@ -388,8 +411,11 @@ func (s *Server) fetchCold(key string, v *view) *streamcore.Error {
 			// One message longer than the window: read on to its end.
 			more, e := s.cold.ReadRange(key, v.inc, v.end, min(v.tail, v.start+streamcore.MaxRequestBytes))
 			if e != nil {
+				s.done(v)
 				return e
 			}
+			s.coldReads.force(int64(len(more)))
+			v.coldHeld += int64(len(more))
 			if i := bytes.IndexByte(more, '\n'); i >= 0 {
 				more = more[:i+1]
 			}

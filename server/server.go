@@ -40,17 +40,18 @@ type Config struct {
 
 // Server answers the protocol over HTTP on top of an Engine.
 type Server struct {
-	cfg     Config
-	engine  engine.Engine
-	metrics metrics
-	live    atomic.Int64
-	ready   atomic.Bool
-	clock   func() time.Time
-	cold    *coldtier.Tier // nil without a cold store (EnableCold): every byte is hot
-	bodies  *bodyBudget
-	flushes flushLimiter
-	admit   Admission // nil: writes are never refused for node pressure
-	usage   usageMeter
+	cfg       Config
+	engine    engine.Engine
+	metrics   metrics
+	live      atomic.Int64
+	ready     atomic.Bool
+	clock     func() time.Time
+	cold      *coldtier.Tier // nil without a cold store (EnableCold): every byte is hot
+	bodies    *bodyBudget
+	coldReads *coldBudget // cold bytes held for readers (coldread.go)
+	flushes   flushLimiter
+	admit     Admission // nil: writes are never refused for node pressure
+	usage     usageMeter
 }
 
 // New returns a server over eng.
@@ -65,7 +66,8 @@ func New(eng engine.Engine, cfg Config) *Server {
 		cfg.Logger = slog.Default()
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
-	s := &Server{cfg: cfg, engine: eng, clock: time.Now, bodies: newBodyBudget(cfg.Limits.InflightBodyBytes)}
+	s := &Server{cfg: cfg, engine: eng, clock: time.Now, bodies: newBodyBudget(cfg.Limits.InflightBodyBytes),
+		coldReads: newColdBudget(cfg.Limits.InflightColdReadBytes)}
 	s.metrics.init()
 	s.ready.Store(true)
 	return s

@@ -286,7 +286,8 @@ func (s *Server) handleRead(w http.ResponseWriter, r *http.Request, t *target) {
 		s.serveSSE(w, r, t, rq, inc)
 		return
 	}
-	v, e := s.look(t, rq.off, rq.maxBytes, inc)
+	v, e := s.lookShort(t, rq.off, rq.maxBytes, inc)
+	defer s.done(v)
 	if (rq.off.Now || e != nil && (e.Status == http.StatusNotFound || e.Status == http.StatusRequestedRangeNotSatisfiable)) && !s.tailHere(w, r, t.key) {
 		return // a follower: offset=now, and a missing stream or offset, come from the leader
 	}

@@ -13,17 +13,19 @@ import (
 
 // limitsConfig is the [limits] section: what clients can make the node hold.
 type limitsConfig struct {
-	MaxConnections    int    `toml:"max_connections"`     // 0: from the descriptor limit
-	MaxLiveReaders    int    `toml:"max_live_readers"`    // 0: 3/4 of max_connections
-	IdleTimeout       string `toml:"idle_timeout"`        // keep-alive connection idle limit
-	ReadHeaderTimeout string `toml:"read_header_timeout"` // time to send the request headers
-	BodyIdleTimeout   string `toml:"body_idle_timeout"`   // longest gap within a request body
-	BodyMinRate       int64  `toml:"body_min_rate"`       // bytes/s a body must average (-1: off)
-	WriteTimeout      string `toml:"write_timeout"`       // sending a non-live response
-	LiveWriteTimeout  string `toml:"live_write_timeout"`  // each write of an SSE stream
-	SSEKeepAlive      string `toml:"sse_keepalive"`       // comment interval on a quiet SSE stream
-	InflightBodySize  int64  `toml:"inflight_body_size"`  // node-wide request body bytes in flight
-	MinFreeWALBytes   int64  `toml:"wal_min_free_bytes"`  // refuse writes below (-1: off)
+	MaxConnections    int    `toml:"max_connections"`         // 0: from the descriptor limit
+	MaxLiveReaders    int    `toml:"max_live_readers"`        // 0: 3/4 of max_connections
+	IdleTimeout       string `toml:"idle_timeout"`            // keep-alive connection idle limit
+	ReadHeaderTimeout string `toml:"read_header_timeout"`     // time to send the request headers
+	BodyIdleTimeout   string `toml:"body_idle_timeout"`       // longest gap within a request body
+	BodyMinRate       int64  `toml:"body_min_rate"`           // bytes/s a body must average (-1: off)
+	WriteTimeout      string `toml:"write_timeout"`           // sending a non-live response
+	LiveWriteTimeout  string `toml:"live_write_timeout"`      // each write of an SSE stream
+	SSEKeepAlive      string `toml:"sse_keepalive"`           // comment interval on a quiet SSE stream
+	InflightBodySize  int64  `toml:"inflight_body_size"`      // node-wide request body bytes in flight
+	ColdReadSize      int64  `toml:"cold_read_size"`          // most cold bytes one catch-up read takes
+	InflightColdRead  int64  `toml:"inflight_cold_read_size"` // node-wide cold bytes held for readers
+	MinFreeWALBytes   int64  `toml:"wal_min_free_bytes"`      // refuse writes below (-1: off)
 	ResumeFreeWALByte int64  `toml:"wal_resume_free_bytes"`
 }
 
@@ -83,7 +85,8 @@ func resolveLimits(lc *limitsConfig) (resolvedLimits, error) {
 	if r.readHeader, err = parseDur("read_header_timeout", lc.ReadHeaderTimeout, defaultReadHeaderTimeout); err != nil {
 		return r, err
 	}
-	sl := server.Limits{InflightBodyBytes: lc.InflightBodySize, BodyMinRate: lc.BodyMinRate}
+	sl := server.Limits{InflightBodyBytes: lc.InflightBodySize, BodyMinRate: lc.BodyMinRate,
+		ColdReadBytes: lc.ColdReadSize, InflightColdReadBytes: lc.InflightColdRead}
 	if sl.BodyIdleTimeout, err = parseDur("body_idle_timeout", lc.BodyIdleTimeout, server.DefaultBodyIdleTimeout); err != nil {
 		return r, err
 	}

@@ -68,6 +68,12 @@ func (l *lockedBuffer) String() string {
 // start runs a server with the given [limits] lines on a free loopback port.
 func start(t *testing.T, dataDir string, limits string) *node {
 	t.Helper()
+	return startConfig(t, dataDir, "[limits]\n"+limits+"\n")
+}
+
+// startConfig runs a server with the given config file text on a free loopback port.
+func startConfig(t *testing.T, dataDir string, config string) *node {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +81,7 @@ func start(t *testing.T, dataDir string, limits string) *node {
 	addr := ln.Addr().String()
 	ln.Close()
 	cfg := filepath.Join(t.TempDir(), "ursula.toml")
-	if err := os.WriteFile(cfg, []byte("[limits]\n"+limits+"\n"), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	n := &node{addr: addr, url: "http://" + addr, log: &lockedBuffer{}}
