@@ -339,7 +339,10 @@ func TestDeclaredOnlyBodies(t *testing.T) {
 }
 
 func TestReaderThatNeverReads(t *testing.T) {
-	n := start(t, t.TempDir(), "live_write_timeout = \"1s\"\nsse_keepalive = \"200ms\"\nwrite_timeout = \"2s\"")
+	// Hot bytes only: a read that starts cold is short (1 MiB) and fits in the socket
+	// buffers, so it never stalls; TestColdReadersThatNeverRead covers the cold tier.
+	n := startConfig(t, t.TempDir(), "[limits]\nlive_write_timeout = \"1s\"\nsse_keepalive = \"200ms\"\nwrite_timeout = \"2s\"\n"+
+		"[storage.cold]\nbackend = \"none\"\n")
 	u := n.url + "/abuse/big"
 	do(t, "PUT", u, nil, "Content-Type", "text/plain")
 	block := bytes.Repeat([]byte("y"), 1<<20)
