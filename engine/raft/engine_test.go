@@ -159,20 +159,7 @@ func TestSingleVoterRestart(t *testing.T) {
 // follower are refused before proposal with the leader's URL; followers apply and wake
 // watchers; leadership transfer works.
 func TestThreeVoters(t *testing.T) {
-	lns, peers := loopbackPeers(t, 3)
-	var es []*Engine
-	for i := range 3 {
-		e, err := Open(Config{NodeID: uint64(i + 1), GroupCount: 4, Peers: peers, Listener: lns[i], InitMembership: true,
-			HeartbeatTimeout: 300 * time.Millisecond, RaftLog: io.Discard})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer e.Close()
-		es = append(es, e)
-	}
-	for _, e := range es {
-		waitReady(t, e)
-	}
+	es := threeVoters(t)
 	key := "b/x"
 	g := es[0].GroupOf(key)
 	leader := es[0].LeaderOf(g)
@@ -184,8 +171,8 @@ func TestThreeVoters(t *testing.T) {
 	} else {
 		var nl *engine.NotLeaderError
 		// The refusal names the leader, the group and the term for the redirect's headers.
-		if !errors.As(err, &nl) || nl.Proposed || nl.LeaderURL != peers[leader-1].URL ||
-			nl.LeaderID != peers[leader-1].ID || nl.Group != g || nl.Term == 0 || nl.NoPeers {
+		if !errors.As(err, &nl) || nl.Proposed || nl.LeaderURL != fmt.Sprintf("http://node%d", leader) ||
+			nl.LeaderID != leader || nl.Group != g || nl.Term == 0 || nl.NoPeers {
 			t.Fatalf("follower error: %#v", err)
 		}
 	}
@@ -245,4 +232,25 @@ func loopbackPeers(t *testing.T, n int) ([]net.Listener, []Peer) {
 		peers = append(peers, Peer{ID: uint64(i + 1), URL: fmt.Sprintf("http://node%d", i+1), RaftAddr: ln.Addr().String()})
 	}
 	return lns, peers
+}
+
+// threeVoters opens three in-process voters of 4 groups over loopback, closed when the
+// test ends, and waits until every group has a leader.
+func threeVoters(t *testing.T) []*Engine {
+	t.Helper()
+	lns, peers := loopbackPeers(t, 3)
+	var es []*Engine
+	for i := range 3 {
+		e, err := Open(Config{NodeID: uint64(i + 1), GroupCount: 4, Peers: peers, Listener: lns[i], InitMembership: true,
+			HeartbeatTimeout: 300 * time.Millisecond, RaftLog: io.Discard})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		es = append(es, e)
+	}
+	for _, e := range es {
+		waitReady(t, e)
+	}
+	return es
 }

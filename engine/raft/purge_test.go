@@ -3,7 +3,6 @@ package raftengine
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"testing"
 	"time"
@@ -15,20 +14,7 @@ import (
 // hold), every replica applies it, later creates in the bucket are refused with
 // BUCKET_ERASED, and a repeat removes nothing.
 func TestPurgeBucketAcrossGroupsAndVoters(t *testing.T) {
-	lns, peers := loopbackPeers(t, 3)
-	var es []*Engine
-	for i := range 3 {
-		e, err := Open(Config{NodeID: uint64(i + 1), GroupCount: 4, Peers: peers, Listener: lns[i], InitMembership: true,
-			HeartbeatTimeout: 300 * time.Millisecond, RaftLog: io.Discard})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer e.Close()
-		es = append(es, e)
-	}
-	for _, e := range es {
-		waitReady(t, e)
-	}
+	es := threeVoters(t)
 	ctx := context.Background()
 	leaderOf := func(key string) *Engine { return es[es[0].LeaderOf(es[0].GroupOf(key))-1] }
 	groups := map[uint64]bool{}
