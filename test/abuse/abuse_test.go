@@ -340,8 +340,10 @@ func TestDeclaredOnlyBodies(t *testing.T) {
 
 func TestReaderThatNeverReads(t *testing.T) {
 	// Hot bytes only: a read that starts cold is short (1 MiB) and fits in the socket
-	// buffers, so it never stalls; TestColdReadersThatNeverRead covers the cold tier.
-	n := startConfig(t, t.TempDir(), "[limits]\nlive_write_timeout = \"1s\"\nsse_keepalive = \"200ms\"\nwrite_timeout = \"2s\"\n"+
+	// buffers, so it never stalls; TestColdReadersThatNeverRead covers the cold tier. A
+	// plain reader whose write deadline has not passed yet when the test drains it gets its
+	// answer whole: the short idle timeout then closes it, so only a held connection fails.
+	n := startConfig(t, t.TempDir(), "[limits]\nlive_write_timeout = \"1s\"\nsse_keepalive = \"200ms\"\nwrite_timeout = \"2s\"\nidle_timeout = \"1s\"\n"+
 		"[storage.cold]\nbackend = \"none\"\n")
 	u := n.url + "/abuse/big"
 	do(t, "PUT", u, nil, "Content-Type", "text/plain")
