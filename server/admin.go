@@ -253,8 +253,7 @@ func coldProm(c *coldtier.Stats, gauge, counter func(name, help string, v any)) 
 // handleFlushCold serves POST /__ursula/flush-cold/{bucket}/{stream}: flush every hot
 // byte of one stream now. The answer is {"hot_start_offset": "..."}.
 func (s *Server) handleFlushCold(w http.ResponseWriter, r *http.Request, raw string) {
-	if r.Method != http.MethodPost {
-		s.methodNotAllowed(w, r, "POST")
+	if !s.allow(w, r, http.MethodPost) {
 		return
 	}
 	if !s.explicitAdmin(w, r) {

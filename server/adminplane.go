@@ -112,22 +112,19 @@ func (s *Server) routeAdmin(w http.ResponseWriter, r *http.Request) {
 	}
 	switch raw {
 	case "/__ursula/members":
-		if r.Method != http.MethodGet {
-			s.methodNotAllowed(w, r, "GET")
+		if !s.allow(w, r, http.MethodGet) {
 			return
 		}
 		writeJSON(w, lc.Members())
 		return
 	case "/__ursula/recovery":
-		if r.Method != http.MethodGet {
-			s.methodNotAllowed(w, r, "GET")
+		if !s.allow(w, r, http.MethodGet) {
 			return
 		}
 		writeJSON(w, lc.RecoveryReport())
 		return
 	case "/__ursula/recovery/accept-unsynced-loss":
-		if r.Method != http.MethodPost {
-			s.methodNotAllowed(w, r, "POST")
+		if !s.allow(w, r, http.MethodPost) {
 			return
 		}
 		drainBody(r)

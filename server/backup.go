@@ -52,15 +52,13 @@ func (s *Server) handleBackup(w http.ResponseWriter, r *http.Request, raw string
 	}
 	switch {
 	case raw == backupGroupsPath:
-		if r.Method != http.MethodGet {
-			s.methodNotAllowed(w, r, "GET")
+		if !s.allow(w, r, http.MethodGet) {
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(BackupGroupList{ClusterID: s.cfg.ClusterID, Engine: s.engine.Stats().Engine, Groups: bk.BackupGroups()})
 	case strings.HasPrefix(raw, backupGroupsPath+"/"):
-		if r.Method != http.MethodGet {
-			s.methodNotAllowed(w, r, "GET")
+		if !s.allow(w, r, http.MethodGet) {
 			return
 		}
 		g, err := strconv.ParseUint(strings.TrimPrefix(raw, backupGroupsPath+"/"), 10, 64)
@@ -70,8 +68,7 @@ func (s *Server) handleBackup(w http.ResponseWriter, r *http.Request, raw string
 		}
 		s.exportGroup(w, r, bk, g)
 	case raw == backupRestorePath:
-		if r.Method != http.MethodPost {
-			s.methodNotAllowed(w, r, "POST")
+		if !s.allow(w, r, http.MethodPost) {
 			return
 		}
 		if !s.explicitAdmin(w, r) { // a history rewrite a web page must not trigger

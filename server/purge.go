@@ -37,8 +37,7 @@ type PurgeAnswer struct {
 
 func (s *Server) handlePurge(w http.ResponseWriter, r *http.Request, raw string) {
 	drainBody(r)
-	if r.Method != http.MethodDelete {
-		s.methodNotAllowed(w, r, "DELETE")
+	if !s.allow(w, r, http.MethodDelete) {
 		return
 	}
 	bucket, err := url.PathUnescape(strings.TrimPrefix(raw, purgePrefix))

@@ -271,6 +271,16 @@ func keyForPath(p string) (string, *streamcore.Error) {
 	return segs[0] + "/" + segs[1], nil
 }
 
+// allow reports whether r uses method; otherwise it answers 405 naming method and the
+// caller returns.
+func (s *Server) allow(w http.ResponseWriter, r *http.Request, method string) bool {
+	if r.Method == method {
+		return true
+	}
+	s.methodNotAllowed(w, r, method)
+	return false
+}
+
 func (s *Server) methodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
 	w.Header().Set("Allow", allow)
 	s.writeError(w, r, streamcore.Errorf(http.StatusMethodNotAllowed, streamcore.CodeMethodNotAllowed, "method %s is not supported here", r.Method))
