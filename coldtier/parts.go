@@ -354,9 +354,11 @@ func (c *Tier) CommitParts(key string, inc, ifInc, off uint64, ct, digest string
 	}
 	done := make(chan Committed, 1)
 	go func() {
-		defer c.parts.end(key, inc)
-		defer c.parts.releaseCommit()
 		res, e := c.commitParts(key, inc, ifInc, off, ct, digest, ids, propose)
+		// Free the stream's slot before the outcome is told: a client that sends its next
+		// commit on the answer must not find this one still running.
+		c.parts.releaseCommit()
+		c.parts.end(key, inc)
 		done <- Committed{res, e}
 	}()
 	return done, nil
