@@ -92,7 +92,9 @@ var marked = map[string]string{streamcore.HdrNotApplied: "RaftLogPressure", stre
 // outcome that the server deduplicates is the commit's acknowledgement. After every case
 // a rebuild from the stream equals the owner's database.
 func TestCommitOutcomes(t *testing.T) {
-	t.Setenv("URSULA_VFS_RETRY_MS", "400")
+	// 2 s: long enough for one attempt on a loaded machine, short enough for the cases that
+	// wait for the budget to end.
+	t.Setenv("URSULA_VFS_RETRY_MS", "2000")
 	base := startServer(t)
 	cases := []struct {
 		name     string
