@@ -112,6 +112,12 @@ type Stats struct {
 	// (or the directory was new). false means it crashed or was killed: with
 	// FsyncNever, recent acknowledged appends may be gone after a host crash.
 	CleanShutdown bool
+	// SideWrites are stable writes that went to the stable side file because the journal
+	// could not take them (since Open).
+	SideWrites uint64
+	// StableSideApplied: recovery found stable values in the side file newer than (part
+	// of) the journal's.
+	StableSideApplied bool
 }
 
 // loc is where one encoded entry lives. 12 bytes per indexed entry.
@@ -165,14 +171,21 @@ type Log struct {
 	batch     []byte
 	pending   []pendingFrame
 	needPurge bool
-	unsynced  bool // bytes were written to the active segment since its last fsync
-	rolled    bool // a segment was sealed in this batch: try copyForward
-	wroteSome bool // a part of the current batch reached the file (no retry then)
-	reserved  bool // the reserve file is in place
+	unsynced  bool        // bytes were written to the active segment since its last fsync
+	rolled    bool        // a segment was sealed in this batch: try copyForward
+	wroteSome bool        // a part of the current batch reached the file (no retry then)
+	reserved  bool        // the reserve file is in place
+	side      *stableSide // the stable side file; nil when it could not be created
+	sideSlot  *stableSlot // the side file's newest slot until recovery applied it
 	reserveAt time.Time
+
+	// fault, when set (tests), is asked before each segment write and fsync and
+	// fails it with the error it returns ("write", "fsync").
+	fault atomic.Pointer[func(op string) error]
 
 	stats struct {
 		writes, fsyncs, records, requests, purged, copied atomic.Uint64
+		sideWrites                                        atomic.Uint64
 		queuedPurge                                       atomic.Uint64 // segments handed to the reaper
 	}
 	recovery Stats
@@ -187,10 +200,11 @@ type pendingFrame struct {
 
 // request is one call submitted to the flusher: one or more unsealed frames.
 type request struct {
-	buf  []byte
-	sync bool
-	err  error
-	done chan struct{}
+	buf    []byte
+	sync   bool
+	stable bool // a Set: must not fail (see writeStableSide)
+	err    error
+	done   chan struct{}
 }
 
 var requestPool = sync.Pool{New: func() any { return &request{done: make(chan struct{}, 1)} }}
@@ -234,7 +248,17 @@ func Open(dir string, opt Options) (*Log, error) {
 	}
 	l.lockF = lf
 	start := time.Now()
+	side, slot, err := openStableSide(dir, l.logf)
+	if err != nil {
+		l.closeFiles()
+		return nil, err
+	}
+	l.side, l.sideSlot = side, slot
 	if err := l.recover(); err != nil {
+		l.closeFiles()
+		return nil, err
+	}
+	if err := l.settleSide(slot); err != nil {
 		l.closeFiles()
 		return nil, err
 	}
@@ -442,6 +466,9 @@ func (l *Log) replaySegment(seg *segment, r io.ReaderAt, size int64, rb *replayB
 		if err != nil {
 			return off, err
 		}
+		if l.sideSlot != nil && !l.sideSlot.before(seg.id, off) {
+			l.applySlot() // the slot was written before this frame
+		}
 		l.applyFrame(seg, off, f)
 		l.recovery.RecoveredRecords++
 		l.recovery.CleanShutdown = f.typ == recShutdown
@@ -586,7 +613,7 @@ func (l *Log) submit(r *request) error {
 		l.qmu.Unlock()
 		return ErrClosed
 	}
-	if l.failed != nil {
+	if l.failed != nil && !r.stable {
 		err := l.failed
 		l.qmu.Unlock()
 		return err
@@ -674,8 +701,25 @@ func (l *Log) writeRequests(reqs []*request) {
 		}
 		l.qmu.Unlock()
 	}
+	var serr error
+	if err != nil {
+		// A stable write (a term, a vote) must not fail: raft panics when it cannot save
+		// its term. What the journal could not take goes to the side file.
+		var stable []*request
+		for _, r := range reqs {
+			if r.stable {
+				stable = append(stable, r)
+			}
+		}
+		if len(stable) > 0 {
+			serr = l.writeStableSide(stable, err)
+		}
+	}
 	for _, r := range reqs {
 		r.err = err
+		if r.stable {
+			r.err = serr
+		}
 		r.done <- struct{}{}
 	}
 }
@@ -730,7 +774,18 @@ func (l *Log) writeBatch(reqs []*request) error {
 	return nil
 }
 
+// injected is the fault a test planted for op, nil normally.
+func (l *Log) injected(op string) error {
+	if f := l.fault.Load(); f != nil {
+		return (*f)(op)
+	}
+	return nil
+}
+
 func (l *Log) syncActive() error {
+	if err := l.injected("fsync"); err != nil {
+		return fmt.Errorf("raftlog: fsync %s: %w", segName(l.active.id), err)
+	}
 	if err := l.active.f.Sync(); err != nil {
 		return fmt.Errorf("raftlog: fsync %s: %w", segName(l.active.id), err)
 	}
@@ -862,6 +917,11 @@ func (l *Log) flushPending() error {
 		return nil
 	}
 	seg := l.active
+	if err := l.injected("write"); err != nil {
+		l.batch = l.batch[:0]
+		l.pending = l.pending[:0]
+		return fmt.Errorf("raftlog: write %s: %w", segName(seg.id), err)
+	}
 	if _, err := seg.f.WriteAt(l.batch, seg.size); err != nil {
 		// Cut what part of the batch got written, so the segment ends at its last
 		// whole frame and a later batch continues there; nothing of it was applied.
@@ -1033,6 +1093,9 @@ func (l *Log) closeFiles() error {
 	}
 	l.segs = nil // readers now see ErrClosed
 	l.segMu.Unlock()
+	if l.side != nil {
+		l.side.f.Close()
+	}
 	if l.lockF != nil {
 		l.lockF.Close() // releases the flock
 	}
@@ -1048,6 +1111,7 @@ func (l *Log) Stats() Stats {
 	s.Requests = l.stats.requests.Load()
 	s.PurgedSegments = l.stats.purged.Load()
 	s.CopiedEntries = l.stats.copied.Load()
+	s.SideWrites = l.stats.sideWrites.Load()
 	l.segMu.RLock()
 	s.Segments = len(l.segs)
 	oldest := uint64(0)
