@@ -173,6 +173,7 @@ type Log struct {
 	needPurge bool
 	unsynced  bool        // bytes were written to the active segment since its last fsync
 	rolled    bool        // a segment was sealed in this batch: try copyForward
+	compacted bool        // a prefix delete was applied in this batch: see activeMostlyDead
 	wroteSome bool        // a part of the current batch reached the file (no retry then)
 	reserved  bool        // the reserve file is in place
 	side      *stableSide // the stable side file; nil when it could not be created
@@ -760,19 +761,69 @@ func (l *Log) writeBatch(reqs []*request) error {
 			return err
 		}
 	}
-	if l.needPurge && l.unsynced && l.opt.Fsync == FsyncAlways {
-		// Reclaim promptly; under FsyncNever the purge waits for the next
-		// fsync that happens anyway (segment seal, stable write, Close).
+	if l.compacted {
+		l.compacted = false
+		if l.activeMostlyDead() {
+			// Compaction left the active segment mostly dead: seal it and copy what
+			// is still live forward, so the segment can go now rather than when it
+			// fills up.
+			if err := l.roll(); err != nil {
+				return err
+			}
+			l.rolled = false
+			if err := l.copyForward(); err != nil {
+				return err
+			}
+		}
+	}
+	if l.needPurge && l.unsynced {
+		// Reclaim promptly, in either mode: this only happens when a group's
+		// oldest entry moved to a later segment (compaction), not per append.
 		if err := l.syncActive(); err != nil {
 			return err
 		}
 	}
-	if l.needPurge && !l.unsynced {
+	if l.needPurge {
 		l.needPurge = false
 		return l.purge()
 	}
 	return nil
 }
+
+// activeMostlyDead reports whether every live entry is in the active segment, they
+// take at most a quarter of it and fit copyForward's budget, and the segment holds at
+// least compactRollBytes: rolling then frees nearly all of it.
+func (l *Log) activeMostlyDead() bool {
+	used := l.active.size - l.active.base
+	if used < compactRollBytes {
+		return false
+	}
+	live := int64(0)
+	l.groupsMu.RLock()
+	defer l.groupsMu.RUnlock()
+	for _, g := range l.groups {
+		g.mu.RLock()
+		n := int64(0)
+		older := false
+		for _, lc := range g.locs {
+			if uint64(lc.seg) != l.active.id {
+				older = true
+				break
+			}
+			n += int64(lc.n)
+		}
+		g.mu.RUnlock()
+		if older || n > l.segMax/16 {
+			return false
+		}
+		live += n
+	}
+	return live <= used/4 && live <= l.segMax/4
+}
+
+// compactRollBytes is the least a mostly dead active segment must hold before
+// compaction rolls it early.
+const compactRollBytes = 1 << 20
 
 // injected is the fault a test planted for op, nil normally.
 func (l *Log) injected(op string) error {
@@ -946,6 +997,9 @@ func (l *Log) flushPending() error {
 		f := frame{typ: b[6], group: leUint64(b[12:]), payload: b[frameHeaderSize:]}
 		if l.applyFrame(p.seg, p.off, f) {
 			l.needPurge = true
+		}
+		if f.typ == recDeleteRange {
+			l.compacted = true
 		}
 	}
 	l.batch = l.batch[:0]

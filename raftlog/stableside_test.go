@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/hashicorp/raft"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -333,4 +334,44 @@ func TestStableSideShort(t *testing.T) {
 		l.Close()
 		t.Fatal("Open with a short side file succeeded")
 	}
+}
+
+// TestCompactionReleasesActiveSegment: a prefix delete that leaves the (only, active)
+// segment mostly dead rolls it early, so the disk space comes back at once instead of
+// when the segment fills up; under fsync=never too.
+func TestCompactionReleasesActiveSegment(t *testing.T) {
+	dir := t.TempDir()
+	l := openT(t, dir, Options{}) // 64 MiB segments, fsync=never
+	defer l.Close()
+	s, quiet := l.Group(1), l.Group(2)
+	storeRange(t, quiet, 1, 3, 1, 3)
+	big := make([]byte, 64<<10)
+	var logs []*raft.Log
+	for i := uint64(1); i <= 128; i++ { // 8 MiB
+		logs = append(logs, &raft.Log{Index: i, Term: 1, Data: big})
+	}
+	if err := s.StoreLogs(logs); err != nil {
+		t.Fatal(err)
+	}
+	before := l.Stats().Bytes
+	if err := s.DeleteRange(1, 120); err != nil {
+		t.Fatal(err)
+	}
+	settle(t, l)
+	st := l.Stats()
+	if st.Bytes > before/4 || st.Segments != 1 {
+		t.Fatalf("journal holds %d bytes in %d segments after compaction (%d before)", st.Bytes, st.Segments, before)
+	}
+	t.Logf("journal bytes %d before compaction, %d after", before, st.Bytes)
+	checkGroup(t, quiet, 1, 3, 1)
+	var e raft.Log
+	if err := s.GetLog(128, &e); err != nil || len(e.Data) != len(big) {
+		t.Fatalf("live entry after the roll: %v", err)
+	}
+	l.Close()
+	l = openT(t, dir, Options{})
+	if first, _ := l.Group(1).FirstIndex(); first != 121 {
+		t.Fatalf("first index after reopen %d", first)
+	}
+	checkGroup(t, l.Group(2), 1, 3, 1)
 }
