@@ -1,6 +1,7 @@
 package raftengine
 
 import (
+	"errors"
 	"sync/atomic"
 	"time"
 
@@ -51,6 +52,7 @@ func (e *Engine) diskWatchLoop() {
 	t := time.NewTicker(diskWatchTick)
 	defer t.Stop()
 	hot := make([]int64, len(e.groups))
+	owed := make([]bool, len(e.groups)) // hot bytes fell and no trim succeeded since
 	lastTrim := make([]time.Time, len(e.groups))
 	lastMove := make([]time.Time, len(e.groups))
 	for i, g := range e.groups {
@@ -65,11 +67,14 @@ func (e *Engine) diskWatchLoop() {
 		e.checkPressure(lastMove)
 		for i, g := range e.groups {
 			h := g.HotBytes()
-			if h < hot[i] && time.Since(lastTrim[i]) >= trimMinEvery {
-				lastTrim[i] = time.Now()
-				e.trimGroup(g)
+			if h < hot[i] {
+				owed[i] = true
 			}
 			hot[i] = h
+			if owed[i] && time.Since(lastTrim[i]) >= trimMinEvery {
+				lastTrim[i] = time.Now()
+				owed[i] = !e.trimGroup(g)
+			}
 		}
 	}
 }
@@ -106,25 +111,29 @@ func (e *Engine) checkPressure(lastMove []time.Time) {
 }
 
 // trimGroup snapshots g keeping only trimTrailingLogs entries, then restores the
-// configured number for the snapshots that follow.
-func (e *Engine) trimGroup(g *group) {
+// configured number for the snapshots that follow. It reports whether it is done (a
+// snapshot was taken, or there was nothing new to take).
+func (e *Engine) trimGroup(g *group) bool {
 	rc := g.r.ReloadableConfig()
-	if rc.TrailingLogs <= trimTrailingLogs {
-		if g.r.Snapshot().Error() == nil {
-			e.disk.trims.Add(1)
-		}
-		return
-	}
 	short := rc
-	short.TrailingLogs = trimTrailingLogs
-	if g.r.ReloadConfig(short) != nil {
-		return
+	short.TrailingLogs = min(rc.TrailingLogs, trimTrailingLogs)
+	if short != rc {
+		if err := g.r.ReloadConfig(short); err != nil {
+			e.cfg.Logger.Warn("log trim: cannot shorten the trailing logs", "group", g.id, "err", err)
+			return false
+		}
+		defer g.r.ReloadConfig(rc)
 	}
 	err := g.r.Snapshot().Error()
-	g.r.ReloadConfig(rc)
-	if err == nil {
+	switch {
+	case err == nil:
 		e.disk.trims.Add(1)
+		return true
+	case errors.Is(err, raft.ErrNothingNewToSnapshot):
+		return true
 	}
+	e.cfg.Logger.Info("log trim: snapshot failed, will retry", "group", g.id, "err", err)
+	return false
 }
 
 // DiskPressure is the admission's refusal while the journal's disk takes no writes, "".

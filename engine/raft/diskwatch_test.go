@@ -138,11 +138,10 @@ func TestFlushTrimsJournal(t *testing.T) {
 	}
 	flush()
 	start := time.Now()
-	eventually(t, "the journal releases the flushed entries", func() bool { return l.Stats().Bytes < before/4 })
+	eventually(t, "the journal releases the flushed entries", func() bool {
+		return l.Stats().Bytes < before/4 && e.RaftStatus().(Status).LogTrims > 0
+	})
 	t.Logf("journal bytes %d before the flush, %d after %v", before, l.Stats().Bytes, time.Since(start).Round(10*time.Millisecond))
-	if st := e.RaftStatus().(Status); st.LogTrims == 0 {
-		t.Fatalf("no trim counted: %+v", st)
-	}
 	objects := countFiles(t, coldDir)
 	for range 2 {
 		flush()
