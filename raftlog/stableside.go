@@ -192,7 +192,13 @@ type stableSide struct {
 	f    *os.File
 	gen  uint64 // generation of the newest valid slot, 0 when none
 	slot int    // index of the newest valid slot, -1 when none
+
+	loggedAt time.Time // last report of a side write (at most one every sideLogEvery)
 }
+
+// sideLogEvery bounds how often side writes are reported: on a full disk every vote and
+// term goes there.
+const sideLogEvery = 10 * time.Second
 
 // openStableSide opens (creating at full size if needed) the side file and returns its
 // newest valid slot, if any. A missing file that cannot be created (no room) is not an
@@ -361,8 +367,9 @@ func (l *Log) writeStableSide(reqs []*request, cause error) error {
 				l.applyFrame(nil, 0, f)
 			}
 			l.stats.sideWrites.Add(1)
-			if attempt == 0 {
-				l.logf("raftlog: the journal could not take a stable write (%v); it went to the stable side file", cause)
+			if time.Since(l.side.loggedAt) >= sideLogEvery {
+				l.side.loggedAt = time.Now()
+				l.logf("raftlog: the journal could not take a stable write (%v); it went to the stable side file (%d so far)", cause, l.stats.sideWrites.Load())
 			}
 			return nil
 		}

@@ -4,12 +4,15 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
 	"syscall"
 	"testing"
+	"time"
 )
 
 func testSlot() *stableSlot {
@@ -374,4 +377,63 @@ func TestCompactionReleasesActiveSegment(t *testing.T) {
 		t.Fatalf("first index after reopen %d", first)
 	}
 	checkGroup(t, l.Group(2), 1, 3, 1)
+}
+
+// TestRaftSurvivesFailingJournal: a single voter on a journal whose writes all fail
+// (ENOSPC with the reserve gone) loses its leadership on every append and campaigns
+// again and again; each campaign saves a new term, which used to make raft panic ("failed
+// to save current term"). The terms go to the side file, survive a reopen, and once the
+// disk takes writes again the node leads and applies.
+func TestRaftSurvivesFailingJournal(t *testing.T) {
+	dir := t.TempDir()
+	l := openT(t, dir, Options{})
+	conf := raft.DefaultConfig()
+	conf.LocalID = "n1"
+	conf.HeartbeatTimeout = 50 * time.Millisecond
+	conf.ElectionTimeout = 50 * time.Millisecond
+	conf.LeaderLeaseTimeout = 50 * time.Millisecond
+	conf.CommitTimeout = 5 * time.Millisecond
+	conf.Logger = hclog.New(&hclog.LoggerOptions{Level: hclog.Off, Output: io.Discard})
+	store := l.Group(1)
+	addr, trans := raft.NewInmemTransport("n1")
+	r, err := raft.NewRaft(conf, &sumFSM{}, store, store, raft.NewInmemSnapshotStore(), trans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Shutdown()
+	if err := r.BootstrapCluster(raft.Configuration{Servers: []raft.Server{{ID: "n1", Address: addr}}}).Error(); err != nil {
+		t.Fatal(err)
+	}
+	apply := func() error { return r.Apply([]byte("x"), time.Second).Error() }
+	waitUntil := func(what string, f func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !f(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out: %s", what)
+			}
+		}
+	}
+	waitUntil("a leader applies", func() bool { return apply() == nil })
+	term0 := r.CurrentTerm()
+	os.Remove(filepath.Join(dir, reserveName))
+	plant(l, "write", syscall.ENOSPC)
+	waitUntil("raft campaigns through the failing journal", func() bool {
+		apply() // fails: the leader steps down and campaigns again
+		return r.CurrentTerm() >= term0+3
+	})
+	if l.Stats().SideWrites == 0 {
+		t.Fatal("no stable write went to the side file")
+	}
+	plant(l, "", nil)
+	waitUntil("the node leads and applies again", func() bool { return apply() == nil })
+	term := r.CurrentTerm()
+	if err := r.Shutdown().Error(); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	l = openT(t, dir, Options{})
+	defer l.Close()
+	if v, _ := l.Group(1).GetUint64([]byte("CurrentTerm")); v < term {
+		t.Fatalf("CurrentTerm after reopen %d, raft was at %d", v, term)
+	}
 }
