@@ -19,7 +19,8 @@
 // flusher starts the kernel's write-back every 4 MiB (sync_file_range on
 // Linux), so sealing a segment does not stall writers behind 64 MiB of dirty
 // pages. A write or fsync error is
-// sticky: every later call fails (retrying fsync is not safe); the next Open
+// sticky: every later call fails (retrying fsync is not safe), except
+// stable-store writes (see Full disk and failing writes); the next Open
 // keeps the verified prefix.
 //
 // In memory, each group keeps a dense slice of 12-byte locations (segment,
@@ -36,6 +37,8 @@
 //
 // dir/LOCK is held with flock while the journal is open. Segments are
 // dir/NNNNNNNNNNNNNNNNNNNN.seg (20-digit decimal id, starting at 1, no gaps).
+// dir/reserve (4 MiB of zeros) and dir/stable (the stable side file, two
+// slots of 1 MiB) sit beside them (see Full disk and failing writes).
 // All integers are little-endian unless stated.
 //
 // Segment header, 32 bytes:
@@ -91,9 +94,9 @@
 // the checkpoint, stable values never pin old segments: a segment is deleted
 // as soon as it is not the active one and no group's oldest live entry is in
 // it or before it, once everything written is synced, so the record that
-// made a segment dead is durable before the file goes (with FsyncAlways the
-// flusher syncs for it; with FsyncNever it waits for the next fsync that
-// happens anyway: a segment seal, a stable write, Close). The unlink and
+// made a segment dead is durable before the file goes (the flusher syncs
+// for it in either mode; this happens on compaction, when a group's oldest
+// entry moves to a later segment, not per append). The unlink and
 // directory sync run in a background goroutine, oldest first. Only the
 // oldest segments are deleted, so the remaining sequence is always
 // contiguous, and replaying it yields for every group a contiguous suffix of
@@ -107,6 +110,14 @@
 // index replaces its log), fsynced in either mode, and the old segment is
 // purged. A big group that does not compact still pins it
 // (Stats.OldestSegmentPinnedBy names one).
+//
+// Compaction also releases the active segment: when a prefix delete leaves
+// every live entry in the active segment, taking at most a quarter of it
+// (and each group at most SegmentBytes/16), and the segment holds at least
+// 1 MiB, the flusher seals it at once, copies the live entries forward and
+// purges it. So once raft compacts a group whose data reached the cold tier,
+// the disk space comes back within the same write, not when the segment
+// fills.
 //
 // # Recovery
 //
@@ -131,4 +142,49 @@
 //     may have persisted later pages of a write but not earlier ones: the
 //     damaged region and everything after it is cut and logged.
 //   - A segment of an unknown format version is a *VersionError.
+//   - The stable side file's newest valid slot is applied where the replay
+//     reaches its journal position (before the first frame at or after it),
+//     or at the end; see below. A torn slot is ignored (the other slot held
+//     the newest state while it was written); both slots damaged is
+//     ErrCorrupt.
+//
+// # Full disk and failing writes
+//
+// A batch that meets ENOSPC is cut from the segment and refused, nothing of
+// it applied, and the journal stays usable; Options.Guard (DiskGuard) learns
+// of it and refuses client writes until space returns. The first ENOSPC
+// deletes dir/reserve and retries the batch once, so a vote, a term or a
+// leader's entries still find room; the reserve is written again once the
+// guard sees space. Any other write or fsync error fails the journal for
+// good.
+//
+// hashicorp/raft panics when it cannot save its current term, so Set and
+// SetUint64 never fail because of the journal's disk. A stable write the
+// journal could not take (ENOSPC with the reserve gone, EIO, a failed
+// journal) is written to dir/stable instead: a file created at full size
+// when the journal opens (while there is room) and afterwards only
+// overwritten in place, so writing it needs no new block. It has two slots;
+// each write holds the stable values of every group, with the new pairs
+// applied, and goes to the slot that does not hold the newest valid state,
+// then fsync. Slot layout:
+//
+//	0  magic "USTABLE1"
+//	8  generation u64 (the newer valid slot wins)
+//	16 journal segment id u64 \ the end of the journal
+//	24 journal offset u64     / when the slot was written
+//	32 payload length u32
+//	36 crc32c of bytes 0..36 and the payload
+//	40 payload: group count u32, then per group (ascending id): group id
+//	   u64, stable payload length u32, stable payload (as in record 3)
+//
+// Journal records before the slot's position are older than the slot,
+// records at or after it newer, which is how recovery orders them. If Open
+// finds the journal ending before a slot's position (a cut tail), it writes
+// the current state to the side file at the journal's end first, so records
+// written from then on count as newer. If the side file fails too, Set
+// retries every 200 ms until it succeeds or the journal closes (ErrClosed):
+// raft's goroutine for that group blocks, and the group's other voters elect
+// a leader meanwhile. The slot bounds the stable values of all groups
+// together at 1 MiB (about 10,000 groups). Stats.SideWrites counts side
+// writes, Stats.StableSideApplied says recovery used the side file.
 package raftlog

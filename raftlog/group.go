@@ -223,7 +223,10 @@ func (s *GroupStore) DeleteRange(min, max uint64) error {
 	return err
 }
 
-// Set stores a stable value; always fsynced before it returns.
+// Set stores a stable value; always fsynced before it returns. It does not fail
+// because of the journal's disk: what the journal cannot take (ENOSPC, EIO, a
+// failed journal) goes to the stable side file, and if that fails too, Set
+// retries until it succeeds or the journal closes (ErrClosed).
 func (s *GroupStore) Set(key, val []byte) error {
 	r := requestPool.Get().(*request)
 	r.buf = appendFrame(r.buf[:0], recStable, s.g.id, func(p []byte) []byte {
@@ -231,6 +234,7 @@ func (s *GroupStore) Set(key, val []byte) error {
 		return appendStablePair(p, key, val)
 	})
 	r.sync = true
+	r.stable = true
 	err := s.l.submit(r)
 	s.l.release(r)
 	return err
@@ -273,6 +277,7 @@ func (l *Log) release(r *request) {
 		r.buf = nil // do not pin huge batches in the pool
 	}
 	r.err = nil
+	r.stable = false
 	requestPool.Put(r)
 }
 

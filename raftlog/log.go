@@ -112,6 +112,12 @@ type Stats struct {
 	// (or the directory was new). false means it crashed or was killed: with
 	// FsyncNever, recent acknowledged appends may be gone after a host crash.
 	CleanShutdown bool
+	// SideWrites are stable writes that went to the stable side file because the journal
+	// could not take them (since Open).
+	SideWrites uint64
+	// StableSideApplied: recovery found stable values in the side file newer than (part
+	// of) the journal's.
+	StableSideApplied bool
 }
 
 // loc is where one encoded entry lives. 12 bytes per indexed entry.
@@ -165,14 +171,22 @@ type Log struct {
 	batch     []byte
 	pending   []pendingFrame
 	needPurge bool
-	unsynced  bool // bytes were written to the active segment since its last fsync
-	rolled    bool // a segment was sealed in this batch: try copyForward
-	wroteSome bool // a part of the current batch reached the file (no retry then)
-	reserved  bool // the reserve file is in place
+	unsynced  bool        // bytes were written to the active segment since its last fsync
+	rolled    bool        // a segment was sealed in this batch: try copyForward
+	compacted bool        // a prefix delete was applied in this batch: see activeMostlyDead
+	wroteSome bool        // a part of the current batch reached the file (no retry then)
+	reserved  bool        // the reserve file is in place
+	side      *stableSide // the stable side file; nil when it could not be created
+	sideSlot  *stableSlot // the side file's newest slot until recovery applied it
 	reserveAt time.Time
+
+	// fault, when set (tests), is asked before each segment write and fsync and
+	// fails it with the error it returns ("write", "fsync").
+	fault atomic.Pointer[func(op string) error]
 
 	stats struct {
 		writes, fsyncs, records, requests, purged, copied atomic.Uint64
+		sideWrites                                        atomic.Uint64
 		queuedPurge                                       atomic.Uint64 // segments handed to the reaper
 	}
 	recovery Stats
@@ -187,10 +201,11 @@ type pendingFrame struct {
 
 // request is one call submitted to the flusher: one or more unsealed frames.
 type request struct {
-	buf  []byte
-	sync bool
-	err  error
-	done chan struct{}
+	buf    []byte
+	sync   bool
+	stable bool // a Set: must not fail (see writeStableSide)
+	err    error
+	done   chan struct{}
 }
 
 var requestPool = sync.Pool{New: func() any { return &request{done: make(chan struct{}, 1)} }}
@@ -234,7 +249,17 @@ func Open(dir string, opt Options) (*Log, error) {
 	}
 	l.lockF = lf
 	start := time.Now()
+	side, slot, err := openStableSide(dir, l.logf)
+	if err != nil {
+		l.closeFiles()
+		return nil, err
+	}
+	l.side, l.sideSlot = side, slot
 	if err := l.recover(); err != nil {
+		l.closeFiles()
+		return nil, err
+	}
+	if err := l.settleSide(slot); err != nil {
 		l.closeFiles()
 		return nil, err
 	}
@@ -442,6 +467,9 @@ func (l *Log) replaySegment(seg *segment, r io.ReaderAt, size int64, rb *replayB
 		if err != nil {
 			return off, err
 		}
+		if l.sideSlot != nil && !l.sideSlot.before(seg.id, off) {
+			l.applySlot() // the slot was written before this frame
+		}
 		l.applyFrame(seg, off, f)
 		l.recovery.RecoveredRecords++
 		l.recovery.CleanShutdown = f.typ == recShutdown
@@ -586,7 +614,7 @@ func (l *Log) submit(r *request) error {
 		l.qmu.Unlock()
 		return ErrClosed
 	}
-	if l.failed != nil {
+	if l.failed != nil && !r.stable {
 		err := l.failed
 		l.qmu.Unlock()
 		return err
@@ -674,8 +702,25 @@ func (l *Log) writeRequests(reqs []*request) {
 		}
 		l.qmu.Unlock()
 	}
+	var serr error
+	if err != nil {
+		// A stable write (a term, a vote) must not fail: raft panics when it cannot save
+		// its term. What the journal could not take goes to the side file.
+		var stable []*request
+		for _, r := range reqs {
+			if r.stable {
+				stable = append(stable, r)
+			}
+		}
+		if len(stable) > 0 {
+			serr = l.writeStableSide(stable, err)
+		}
+	}
 	for _, r := range reqs {
 		r.err = err
+		if r.stable {
+			r.err = serr
+		}
 		r.done <- struct{}{}
 	}
 }
@@ -716,21 +761,82 @@ func (l *Log) writeBatch(reqs []*request) error {
 			return err
 		}
 	}
-	if l.needPurge && l.unsynced && l.opt.Fsync == FsyncAlways {
-		// Reclaim promptly; under FsyncNever the purge waits for the next
-		// fsync that happens anyway (segment seal, stable write, Close).
+	if l.compacted {
+		l.compacted = false
+		if l.activeMostlyDead() {
+			// Compaction left the active segment mostly dead: seal it and copy what
+			// is still live forward, so the segment can go now rather than when it
+			// fills up.
+			if err := l.roll(); err != nil {
+				return err
+			}
+			l.rolled = false
+			if err := l.copyForward(); err != nil {
+				return err
+			}
+		}
+	}
+	if l.needPurge && l.unsynced {
+		// Reclaim promptly, in either mode: this only happens when a group's
+		// oldest entry moved to a later segment (compaction), not per append.
 		if err := l.syncActive(); err != nil {
 			return err
 		}
 	}
-	if l.needPurge && !l.unsynced {
+	if l.needPurge {
 		l.needPurge = false
 		return l.purge()
 	}
 	return nil
 }
 
+// activeMostlyDead reports whether every live entry is in the active segment, they
+// take at most a quarter of it and fit copyForward's budget, and the segment holds at
+// least compactRollBytes: rolling then frees nearly all of it.
+func (l *Log) activeMostlyDead() bool {
+	used := l.active.size - l.active.base
+	if used < compactRollBytes {
+		return false
+	}
+	live := int64(0)
+	l.groupsMu.RLock()
+	defer l.groupsMu.RUnlock()
+	for _, g := range l.groups {
+		g.mu.RLock()
+		n := int64(0)
+		older := false
+		for _, lc := range g.locs {
+			if uint64(lc.seg) != l.active.id {
+				older = true
+				break
+			}
+			n += int64(lc.n)
+		}
+		g.mu.RUnlock()
+		if older || n > l.segMax/16 {
+			return false
+		}
+		live += n
+	}
+	return live <= used/4 && live <= l.segMax/4
+}
+
+// compactRollBytes is the least a mostly dead active segment must hold before
+// compaction rolls it early.
+const compactRollBytes = 1 << 20
+
+// injected is the fault a test planted for op, nil normally.
+func (l *Log) injected(op string) error {
+	if f := l.fault.Load(); f != nil {
+		return (*f)(op)
+	}
+	return nil
+}
+
 func (l *Log) syncActive() error {
+	if err := l.injected("fsync"); err != nil {
+		return fmt.Errorf("raftlog: fsync %s: %w", segName(l.active.id), err)
+	}
 	if err := l.active.f.Sync(); err != nil {
 		return fmt.Errorf("raftlog: fsync %s: %w", segName(l.active.id), err)
 	}
@@ -862,6 +968,11 @@ func (l *Log) flushPending() error {
 		return nil
 	}
 	seg := l.active
+	if err := l.injected("write"); err != nil {
+		l.batch = l.batch[:0]
+		l.pending = l.pending[:0]
+		return fmt.Errorf("raftlog: write %s: %w", segName(seg.id), err)
+	}
 	if _, err := seg.f.WriteAt(l.batch, seg.size); err != nil {
 		// Cut what part of the batch got written, so the segment ends at its last
 		// whole frame and a later batch continues there; nothing of it was applied.
@@ -886,6 +997,9 @@ func (l *Log) flushPending() error {
 		f := frame{typ: b[6], group: leUint64(b[12:]), payload: b[frameHeaderSize:]}
 		if l.applyFrame(p.seg, p.off, f) {
 			l.needPurge = true
+		}
+		if f.typ == recDeleteRange {
+			l.compacted = true
 		}
 	}
 	l.batch = l.batch[:0]
@@ -1033,6 +1147,9 @@ func (l *Log) closeFiles() error {
 	}
 	l.segs = nil // readers now see ErrClosed
 	l.segMu.Unlock()
+	if l.side != nil {
+		l.side.f.Close()
+	}
 	if l.lockF != nil {
 		l.lockF.Close() // releases the flock
 	}
@@ -1048,6 +1165,7 @@ func (l *Log) Stats() Stats {
 	s.Requests = l.stats.requests.Load()
 	s.PurgedSegments = l.stats.purged.Load()
 	s.CopiedEntries = l.stats.copied.Load()
+	s.SideWrites = l.stats.sideWrites.Load()
 	l.segMu.RLock()
 	s.Segments = len(l.segs)
 	oldest := uint64(0)

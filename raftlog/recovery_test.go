@@ -304,6 +304,7 @@ func TestSuffixDeleteSurvivesKill(t *testing.T) {
 
 // A failed write ends the journal: the error is sticky (retrying a failed
 // write or fsync is unsafe) and the next Open keeps the verified prefix.
+// Stable writes still succeed, through the side file, and survive the reopen.
 func TestWriteFailureIsSticky(t *testing.T) {
 	dir := t.TempDir()
 	rec := &recorder{}
@@ -314,8 +315,11 @@ func TestWriteFailureIsSticky(t *testing.T) {
 	if err := s.StoreLog(entry(1, 11, 1)); err == nil {
 		t.Fatal("write to a closed file succeeded")
 	}
-	if err := l.Group(2).SetUint64([]byte("CurrentTerm"), 1); err == nil {
+	if err := s.StoreLog(entry(1, 11, 1)); err == nil {
 		t.Fatal("write after a failure succeeded")
+	}
+	if err := l.Group(2).SetUint64([]byte("CurrentTerm"), 1); err != nil {
+		t.Fatalf("a stable write after a failure failed: %v", err)
 	}
 	if !strings.Contains(rec.text(), "journal failed") {
 		t.Fatalf("failure not logged: %q", rec.text())
@@ -326,6 +330,9 @@ func TestWriteFailureIsSticky(t *testing.T) {
 	l = openT(t, dir, Options{})
 	defer l.Close()
 	checkGroup(t, l.Group(1), 1, 10, 1)
+	if v, _ := l.Group(2).GetUint64([]byte("CurrentTerm")); v != 1 {
+		t.Fatalf("the stable write made after the failure is lost: %d", v)
+	}
 }
 
 func TestCleanShutdownReported(t *testing.T) {

@@ -462,7 +462,7 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, joining bool, sec *securi
 		JournalDamaged:    nl.Stats().TailDamage != "",
 		HeartbeatTimeout:  time.Duration(rc.HeartbeatTimeoutMs) * time.Millisecond,
 		SnapshotThreshold: rc.SnapshotThreshold, TrailingLogs: rc.TrailingLogs,
-		Logger: logger, RaftLog: stderr,
+		Logger: logger, RaftLog: stderr, WriteAdmission: guard.WriteRefusal,
 	}
 	for _, v := range []*bool{rc.InitMembershipPerGroup, rc.InitMembership} {
 		if v != nil {

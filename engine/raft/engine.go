@@ -104,6 +104,9 @@ type Config struct {
 	SweepEvery        time.Duration // expired-stream collection (leader proposes a sweep)
 	Logger            *slog.Logger
 	RaftLog           io.Writer // hashicorp/raft's own log (default stderr, WARN level)
+	// WriteAdmission is the node's write admission (raftlog.DiskGuard.WriteRefusal):
+	// while it refuses, this node hands its leaderships off (diskwatch.go). nil: never.
+	WriteAdmission func() (token, reason string)
 }
 
 // Engine implements engine.Engine on multi-Raft.
@@ -119,6 +122,7 @@ type Engine struct {
 
 	peers peerChannel // requests to the other voters (peer.go)
 	life  lifecycle   // address book, drain mark, recovery gate (lifecycle.go)
+	disk  diskWatch   // disk pressure hand-off and log trim (diskwatch.go)
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -227,6 +231,7 @@ func Open(cfg Config) (*Engine, error) {
 	e.wg.Add(2)
 	go e.sweeper()
 	go e.lifecycleLoop()
+	e.startDiskWatch()
 	return e, nil
 }
 
@@ -553,11 +558,19 @@ type Status struct {
 	GroupCount int           `json:"group_count"`
 	Leading    int           `json:"leading"`
 	Groups     []GroupStatus `json:"groups"`
+
+	// DiskPressure says why this node's journal takes no writes ("" when it does);
+	// PressureTransfers counts leaderships it handed off for that, LogTrims the snapshots
+	// taken to trim a group's log after its data reached the cold tier (diskwatch.go).
+	DiskPressure      string `json:"disk_pressure,omitempty"`
+	PressureTransfers uint64 `json:"pressure_transfers"`
+	LogTrims          uint64 `json:"log_trims"`
 }
 
 // RaftStatus implements engine.RaftAdmin.
 func (e *Engine) RaftStatus() any {
-	st := Status{NodeID: e.cfg.NodeID, URL: e.self.URL, RaftAddr: e.selfRaftAddr(), DrainMark: e.life.drainMark.Load(), GroupCount: len(e.groups)}
+	st := Status{NodeID: e.cfg.NodeID, URL: e.self.URL, RaftAddr: e.selfRaftAddr(), DrainMark: e.life.drainMark.Load(), GroupCount: len(e.groups),
+		DiskPressure: e.DiskPressure(), PressureTransfers: e.disk.transfers.Load(), LogTrims: e.disk.trims.Load()}
 	for _, g := range e.groups {
 		_, id := g.r.LeaderWithID()
 		lp, _ := e.peerByID(id)

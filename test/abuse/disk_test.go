@@ -73,6 +73,12 @@ func fullDisk(t *testing.T, limits string) {
 	if res.StatusCode != 503 || !strings.Contains(string(b), "WalDiskPressure") {
 		t.Fatalf("readiness under pressure: %d %s", res.StatusCode, b)
 	}
+	// The metrics say why too (the engine looks at the admission every 250 ms).
+	waitFor(t, "the metrics report the disk pressure", func() bool {
+		_, b := do(t, "GET", n.url+"/__ursula/metrics", nil)
+		return strings.Contains(string(b), `"disk_pressure":"WalDiskPressure`)
+	})
+	walFull := dirBytes(t, filepath.Join(data, "wal"))
 	if unknown != nil {
 		// Settle the unknown outcome by reading: it applied whole or not at all.
 		if streamLen(t, u) > acked.Len() {
@@ -98,6 +104,45 @@ func fullDisk(t *testing.T, limits string) {
 	}
 	n.alive(t)
 	checkStream(t, u, acked.Bytes())
+	waitFor(t, "readiness returns by itself", func() bool {
+		res, _ := do(t, "GET", n.url+"/__ursula/ready", nil)
+		return res.StatusCode == 200
+	})
+	// Once the data is in the cold tier (flushed in the background), the journal lets go
+	// of it: the log does not keep a second copy of what the cold tier holds.
+	waitFor(t, "the journal is trimmed after the cold flush", func() bool {
+		return dirBytes(t, filepath.Join(data, "wal")) < walFull/2
+	})
+	t.Logf("journal: %d bytes under pressure, %d after space returned and the data went cold (%d bytes acknowledged)",
+		walFull, dirBytes(t, filepath.Join(data, "wal")), acked.Len())
+	n.alive(t)
+	checkStream(t, u, acked.Bytes())
+	if strings.Contains(n.log.String(), "panic") {
+		t.Fatalf("the server log holds a panic")
+	}
+}
+
+// waitFor polls cond for up to 20 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting: %s", what)
+		}
+	}
+}
+
+// dirBytes is the size of the journal's segments in dir.
+func dirBytes(t *testing.T, dir string) int64 {
+	t.Helper()
+	m, _ := filepath.Glob(filepath.Join(dir, "*.seg"))
+	var n int64
+	for _, p := range m {
+		if st, err := os.Stat(p); err == nil {
+			n += st.Size()
+		}
+	}
+	return n
 }
 
 // checkStream reads the whole stream and compares it with what was acknowledged.

@@ -1,0 +1,145 @@
+package raftengine
+
+import (
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// The engine's side of the journal's disk (issue: the node bends, never breaks).
+//
+// Pressure. Config.WriteAdmission is the node's write admission (raftlog.DiskGuard): while
+// it refuses writes (the journal's disk is under its floor or met ENOSPC), a leader here
+// cannot store new entries for long, so every group this node leads hands its leadership
+// to another voter (LeadershipTransfer picks the follower whose log is most up to date,
+// which a voter with a full disk is not). A single voter has no one to hand to. The
+// reason shows in GET /__ursula/raft/status and in the metrics (disk_pressure,
+// pressure_transfers); readiness already reports the admission's refusal first.
+//
+// Trim. Once a group's hot bytes fall (a cold flush recorded a chunk, or data was
+// deleted), the entries that carried those bytes are only needed by followers that lag:
+// the group takes a snapshot at once, keeping only trimTrailingLogs entries, instead of
+// waiting for SnapshotThreshold, so the journal releases them within seconds. The node
+// log rolls its active segment when compaction leaves it mostly dead (raftlog), so the
+// disk space itself comes back.
+
+// diskWatchTick is how often pressure and hot bytes are looked at.
+const diskWatchTick = 250 * time.Millisecond
+
+// trimTrailingLogs is the number of entries a group keeps after a snapshot taken because
+// its data reached the cold tier; a follower further behind gets the (small) snapshot.
+const trimTrailingLogs = 8
+
+// trimMinEvery bounds how often one group snapshots for trimming.
+const trimMinEvery = time.Second
+
+// diskWatch is the state of the loop (owned by it, read by status through atomics).
+type diskWatch struct {
+	pressure  atomic.Pointer[string] // the admission's reason while it refuses, nil otherwise
+	transfers atomic.Uint64          // leaderships handed off because of disk pressure
+	trims     atomic.Uint64          // snapshots taken to trim the log after hot bytes fell
+}
+
+func (e *Engine) startDiskWatch() {
+	e.wg.Add(1)
+	go e.diskWatchLoop()
+}
+
+func (e *Engine) diskWatchLoop() {
+	defer e.wg.Done()
+	t := time.NewTicker(diskWatchTick)
+	defer t.Stop()
+	hot := make([]int64, len(e.groups))
+	owed := make([]bool, len(e.groups)) // hot bytes fell and no trim succeeded since
+	lastTrim := make([]time.Time, len(e.groups))
+	lastMove := make([]time.Time, len(e.groups))
+	for i, g := range e.groups {
+		hot[i] = g.HotBytes()
+	}
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-t.C:
+		}
+		e.checkPressure(lastMove)
+		for i, g := range e.groups {
+			h := g.HotBytes()
+			if h < hot[i] {
+				owed[i] = true
+			}
+			hot[i] = h
+			if owed[i] && time.Since(lastTrim[i]) >= trimMinEvery {
+				lastTrim[i] = time.Now()
+				owed[i] = !e.trimGroup(g)
+			}
+		}
+	}
+}
+
+// checkPressure hands off the leaderships of this node while its journal's disk refuses
+// writes. A group is handed off at most every two seconds (a transfer takes a round trip
+// and an election; retrying sooner only adds churn).
+func (e *Engine) checkPressure(lastMove []time.Time) {
+	if e.cfg.WriteAdmission == nil {
+		return
+	}
+	token, why := e.cfg.WriteAdmission()
+	if token == "" {
+		e.disk.pressure.Store(nil)
+		return
+	}
+	reason := token + ": " + why
+	e.disk.pressure.Store(&reason)
+	if e.life.single {
+		return
+	}
+	for i, g := range e.groups {
+		if g.r.State() != raft.Leader || time.Since(lastMove[i]) < 2*time.Second {
+			continue
+		}
+		lastMove[i] = time.Now()
+		go func() {
+			if g.r.LeadershipTransfer().Error() == nil {
+				e.disk.transfers.Add(1)
+				e.cfg.Logger.Warn("handed leadership off: the journal's disk takes no writes", "group", g.id, "reason", reason)
+			}
+		}()
+	}
+}
+
+// trimGroup snapshots g keeping only trimTrailingLogs entries, then restores the
+// configured number for the snapshots that follow. It reports whether it is done (a
+// snapshot was taken, or there was nothing new to take).
+func (e *Engine) trimGroup(g *group) bool {
+	rc := g.r.ReloadableConfig()
+	short := rc
+	short.TrailingLogs = min(rc.TrailingLogs, trimTrailingLogs)
+	if short != rc {
+		if err := g.r.ReloadConfig(short); err != nil {
+			e.cfg.Logger.Warn("log trim: cannot shorten the trailing logs", "group", g.id, "err", err)
+			return false
+		}
+		defer g.r.ReloadConfig(rc)
+	}
+	err := g.r.Snapshot().Error()
+	switch {
+	case err == nil:
+		e.disk.trims.Add(1)
+		return true
+	case errors.Is(err, raft.ErrNothingNewToSnapshot):
+		return true
+	}
+	e.cfg.Logger.Info("log trim: snapshot failed, will retry", "group", g.id, "err", err)
+	return false
+}
+
+// DiskPressure is the admission's refusal while the journal's disk takes no writes, "".
+func (e *Engine) DiskPressure() string {
+	if p := e.disk.pressure.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
