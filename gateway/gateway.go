@@ -41,6 +41,9 @@ type Config struct {
 	MaxRequestBodyBytes int64
 	// Usage receives one record per request; nil: none.
 	Usage *UsageLog
+	// UpstreamToken, when set and not empty, is the gateway's own bearer token towards the
+	// nodes (for nodes that run with auth on): clients' tokens are never forwarded.
+	UpstreamToken func() string
 	// Transport reaches the upstreams; nil: one with a 5 s connect timeout.
 	Transport http.RoundTripper
 	Logger    *slog.Logger
@@ -389,6 +392,11 @@ func (g *Gateway) send(r *http.Request, up *url.URL, uri string, body []byte) (*
 	dropHopHeaders(out.Header)
 	// Credentials end here: the nodes never see end-user tokens.
 	out.Header.Del("Authorization")
+	if g.cfg.UpstreamToken != nil {
+		if tok := g.cfg.UpstreamToken(); tok != "" {
+			out.Header.Set("Authorization", "Bearer "+tok)
+		}
+	}
 	out.ContentLength = int64(len(body))
 	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
 		out.Header.Set("X-Forwarded-For", host)

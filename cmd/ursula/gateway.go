@@ -13,8 +13,10 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -41,6 +43,7 @@ applying per-bucket quotas and writing a usage log. Flags override the config fi
   tls_cert_file = "..."               # HTTPS towards clients; both or neither
   tls_key_file = "..."
   upstream_ca_file = "..."            # CA of https:// upstreams
+  upstream_token_file = "..."         # the gateway's own bearer token towards nodes with auth on
   insecure = false                    # allow a non-loopback listener without TLS and auth
   [auth]                              # the node's keys: token_file, issuer, audience,
   token_file = "/etc/ursula/tokens"   # jwks_url, policy_file
@@ -65,6 +68,7 @@ type gatewayFile struct {
 		TLSCertFile         string   `toml:"tls_cert_file"`
 		TLSKeyFile          string   `toml:"tls_key_file"`
 		UpstreamCAFile      string   `toml:"upstream_ca_file"`
+		UpstreamTokenFile   string   `toml:"upstream_token_file"`
 		Insecure            bool     `toml:"insecure"`
 	} `toml:"gateway"`
 	Auth  authConfig `toml:"auth"`
@@ -129,6 +133,28 @@ func runGateway(args []string, stderr io.Writer) error {
 			return fmt.Errorf("upstream %q: %w", s, err)
 		}
 		cfg.Upstreams = append(cfg.Upstreams, u)
+	}
+	var upTok atomic.Pointer[string]
+	loadUpTok := func() error {
+		if gc.UpstreamTokenFile == "" {
+			return nil
+		}
+		b, err := os.ReadFile(gc.UpstreamTokenFile)
+		if err != nil {
+			return fmt.Errorf("gateway.upstream_token_file: %w", err)
+		}
+		tok := strings.TrimSpace(string(b))
+		if tok == "" || strings.ContainsAny(tok, " \t\r\n") {
+			return fmt.Errorf("gateway.upstream_token_file %s: want one token", gc.UpstreamTokenFile)
+		}
+		upTok.Store(&tok)
+		return nil
+	}
+	if err := loadUpTok(); err != nil {
+		return err
+	}
+	if gc.UpstreamTokenFile != "" {
+		cfg.UpstreamToken = func() string { return *upTok.Load() }
 	}
 	if gc.UpstreamCAFile != "" {
 		pool, err := tlsfiles.LoadCAPool(gc.UpstreamCAFile)
