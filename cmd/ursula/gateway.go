@@ -171,7 +171,7 @@ func runGateway(args []string, stderr io.Writer) error {
 		}
 	}
 	ac := auth.Config{TokenFile: fc.Auth.TokenFile, Issuer: fc.Auth.Issuer, Audience: fc.Auth.Audience,
-		JWKSURL: fc.Auth.JWKSURL, PolicyFile: fc.Auth.PolicyFile}
+		JWKSURL: fc.Auth.JWKSURL, PolicyFile: fc.Auth.PolicyFile, JWKSCAFile: fc.Auth.JWKSCAFile}
 	if ac.Enabled() {
 		a, err := auth.New(ctx, ac)
 		if err != nil {
