@@ -84,7 +84,7 @@ mp, ms = statistics.median(x["ops_per_sec"] for x in plain), statistics.median(x
 lp, ls = statistics.median(x["p50_ms"] for x in plain), statistics.median(x["p50_ms"] for x in sec)
 ratio = ms / mp if mp else float("nan")
 print(f"median  raft {mp:.0f} ops/s p50 {lp:.2f} ms | raft-secure {ms:.0f} ops/s p50 {ls:.2f} ms")
-print(f"ratio secure/plain: throughput {ratio:.3f} ({(1-ratio)*100:+.1f}% lower), p50 {ls/lp if lp else float('nan'):.3f}")
+print(f"ratio secure/plain: throughput {ratio:.3f} ({abs(1-ratio)*100:.1f}% {'lower' if ratio < 1 else 'higher'}), p50 {ls/lp if lp else float('nan'):.3f}")
 print("goal (throughput at most 15% lower):", "met" if ratio >= 0.85 else "NOT met")
 PY
 echo "results in $out"
