@@ -56,7 +56,8 @@ conformance-deps:
 cluster: build
 	test/cluster/cluster.sh
 
-## conformance: the official suite against memory, raft 1-node and raft 3-node servers
+## conformance: the official suite against memory, raft 1-node and raft 3-node servers, and
+## through `ursula gateway` with auth on (to a raft node with auth on), a token on every request
 conformance: build conformance-deps
 	test/conformance/run.sh
 

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/ursula-go/ursula/tlsfiles"
 )
 
 // Principal is who a valid credential speaks for.
@@ -53,6 +55,10 @@ type Config struct {
 	Audience   string // JWT access tokens: required aud
 	JWKSURL    string // the issuer's keys (empty: RFC 8414 discovery under Issuer)
 	PolicyFile string // per-bucket owners and public_read (TOML)
+	// JWKSCAFile is PEM CA certificates that verify the TLS of the JWKS URL and of
+	// discovery (only those: the system roots are then not consulted). Empty: the
+	// system roots.
+	JWKSCAFile string
 	// HTTPClient fetches JWKS and discovery documents (nil: default, 10 s timeout).
 	HTTPClient *http.Client
 }
@@ -84,8 +90,19 @@ func New(ctx context.Context, cfg Config) (*Authorizer, error) {
 	if err := a.Reload(); err != nil {
 		return nil, err
 	}
+	if cfg.JWKSCAFile != "" && cfg.Issuer == "" && cfg.JWKSURL == "" {
+		return nil, errors.New("auth.jwks_ca_file is set without auth.issuer or auth.jwks_url")
+	}
 	if cfg.Issuer != "" || cfg.Audience != "" || cfg.JWKSURL != "" {
-		v, err := NewJWTVerifier(ctx, JWTConfig{Issuer: cfg.Issuer, Audience: cfg.Audience, JWKSURL: cfg.JWKSURL, HTTPClient: cfg.HTTPClient})
+		hc := cfg.HTTPClient
+		if cfg.JWKSCAFile != "" {
+			tc, err := tlsfiles.ClientConfigFromCAFile(cfg.JWKSCAFile)
+			if err != nil {
+				return nil, fmt.Errorf("auth.jwks_ca_file: %w", err)
+			}
+			hc = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tc, Proxy: nil}}
+		}
+		v, err := NewJWTVerifier(ctx, JWTConfig{Issuer: cfg.Issuer, Audience: cfg.Audience, JWKSURL: cfg.JWKSURL, HTTPClient: hc})
 		if err != nil {
 			return nil, err
 		}

@@ -5,12 +5,14 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/pem"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
 
+	"github.com/ursula-go/ursula/internal/testcerts"
 	"github.com/ursula-go/ursula/internal/testissuer"
 )
 
@@ -130,5 +132,40 @@ func TestJWTKeyRotation(t *testing.T) {
 	}
 	if err != nil {
 		t.Fatalf("k2 after rotation: %v", err)
+	}
+}
+
+// auth.jwks_ca_file verifies the JWKS URL's TLS: the issuer's CA lets tokens verify;
+// another CA (or the system roots) refuses the issuer at start.
+func TestJWKSCAFile(t *testing.T) {
+	dir := t.TempDir()
+	ca := testcerts.NewCA(t, "issuer-ca")
+	pair := ca.Issue(t, "issuer")
+	is := testissuer.NewTLS(t, pair.CertPEM, pair.KeyPEM, "k1")
+	if !strings.HasPrefix(is.JWKSURL(), "https://") {
+		t.Fatalf("issuer not on TLS: %s", is.JWKSURL())
+	}
+	caFile := ca.WriteCA(t, dir, "ca.crt")
+	otherCA := testcerts.NewCA(t, "other").WriteCA(t, dir, "other.crt")
+	cfg := func(caFile string) Config {
+		return Config{Issuer: testIss, Audience: testAud, JWKSURL: is.JWKSURL(), JWKSCAFile: caFile}
+	}
+	a, err := New(t.Context(), cfg(caFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := a.Authenticate("Bearer " + is.Sign(t, "k1", claims("alice"), "at+jwt"))
+	if err != nil || p.Subject != "alice" {
+		t.Fatalf("token from the TLS issuer: %v %+v", err, p)
+	}
+	for _, bad := range []string{otherCA, ""} {
+		if a, err := New(t.Context(), cfg(bad)); err == nil {
+			if _, err := a.Authenticate("Bearer " + is.Sign(t, "k1", claims("alice"), "at+jwt")); err == nil {
+				t.Fatalf("CA file %q: the issuer's TLS was trusted", bad)
+			}
+		}
+	}
+	if _, err := New(t.Context(), cfg(filepath.Join(dir, "missing.crt"))); err == nil {
+		t.Fatal("a missing CA file was accepted")
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -224,16 +225,56 @@ func processClient() *client.Client {
 		if ms, err := strconv.Atoi(os.Getenv("URSULA_VFS_IDLE_MS")); err == nil && ms > 0 {
 			tr.IdleConnTimeout = time.Duration(ms) * time.Millisecond
 		}
-		sharedClient, _ = client.New("", client.WithHTTPClient(&http.Client{Transport: tr}))
-		if p := os.Getenv("URSULA_VFS_TOKEN_FILE"); p != "" {
-			if b, err := os.ReadFile(p); err == nil {
-				sharedClient.SetToken(string(bytes.TrimSpace(b)))
-			} else {
-				logEvent("warn", "token_file_unreadable", "file=%q err=%q", p, err.Error())
-			}
+		tokenFile = os.Getenv("URSULA_VFS_TOKEN_FILE")
+		var rt http.RoundTripper = tr
+		if tokenFile != "" {
+			rt = reloadOn401{tr}
 		}
+		sharedClient, _ = client.New("", client.WithHTTPClient(&http.Client{Transport: rt}))
+		reloadTokenFile()
 	})
 	return sharedClient
+}
+
+// tokenFile is URSULA_VFS_TOKEN_FILE; manualToken is set while ursula_set_token's token
+// is in force (it takes precedence over the file).
+var (
+	tokenFile   string
+	manualToken atomic.Bool
+	tokenMu     sync.Mutex
+)
+
+// reloadTokenFile reads URSULA_VFS_TOKEN_FILE again and applies its token unless
+// ursula_set_token's is in force. An empty, missing or unreadable file keeps the last
+// token (a half-written rotation must not log everyone out).
+func reloadTokenFile() {
+	if tokenFile == "" || manualToken.Load() {
+		return
+	}
+	tokenMu.Lock()
+	defer tokenMu.Unlock()
+	b, err := os.ReadFile(tokenFile)
+	if tok := string(bytes.TrimSpace(b)); err == nil && tok != "" {
+		sharedClient.SetToken(tok)
+		return
+	}
+	if err == nil {
+		err = errors.New("empty")
+	}
+	logEvent("warn", "token_file_unreadable", "file=%q err=%q", tokenFile, err.Error())
+}
+
+// reloadOn401 reads the token file again after every 401, so a token rotated by writing
+// the file is sent from the next attempt on (the replicator retries an unauthorized
+// append within its budget) without a restart.
+type reloadOn401 struct{ next http.RoundTripper }
+
+func (t reloadOn401) RoundTrip(r *http.Request) (*http.Response, error) {
+	res, err := t.next.RoundTrip(r)
+	if err == nil && res.StatusCode == http.StatusUnauthorized {
+		reloadTokenFile()
+	}
+	return res, err
 }
 
 // fnError formats an error as "<function>: <kind>: <message>" with its SQLite code.
@@ -502,5 +543,10 @@ func ursulaStatus(cpath *C.char, stats C.int, rc *C.int) (out *C.char) {
 //
 //export ursulaSetToken
 func ursulaSetToken(ctok *C.char) {
-	processClient().SetToken(C.GoString(ctok))
+	c, tok := processClient(), C.GoString(ctok)
+	manualToken.Store(tok != "")
+	c.SetToken(tok)
+	if tok == "" {
+		reloadTokenFile() // back to the token file
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -403,6 +404,72 @@ print("reattached", c.execute("SELECT group_concat(x) FROM t").fetchone()[0])
 	for _, want := range []string{"commit 7178", "status False False payment_required retry",
 		"claim 23 ursula_attach: payment_required:", "rows 2",
 		"unknown 778", "poisoned True outcome_unknown reattach", "read 266", "reattached 2,4"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("missing %q in:\n%s", want, out)
+		}
+	}
+}
+
+// TestPythonTokenFileRotation: against a node with auth on, a token rotated by writing
+// URSULA_VFS_TOKEN_FILE (and the node's token file, reloaded on SIGHUP) is picked up
+// after the node's first 401, without a restart: the next commit succeeds.
+func TestPythonTokenFileRotation(t *testing.T) {
+	e := setup(t)
+	nodeTokens := filepath.Join(e.dir, "node-tokens")
+	os.WriteFile(nodeTokens, []byte("tok-1 *\n"), 0o600)
+	conf := filepath.Join(e.dir, "node.toml")
+	os.WriteFile(conf, []byte("[auth]\ntoken_file = \""+nodeTokens+"\"\n"), 0o600)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	srv := exec.Command(e.ursula, "server", "--engine", "memory", "--config", conf, "--listen", addr, "--admin-listen", "off", "--data", filepath.Join(e.dir, "data"))
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if res, err := http.Get("http://" + addr + "/__ursula/ready"); err == nil {
+			res.Body.Close()
+			if res.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("auth node not ready")
+		}
+	}
+	clientTok := filepath.Join(e.dir, "client-token")
+	os.WriteFile(clientTok, []byte("tok-1\n"), 0o600)
+	e.base = "http://" + addr
+	out := python(t, e, []string{"URSULA_VFS_TOKEN_FILE=" + clientTok, "NODE_TOKENS=" + nodeTokens, "NODE_PID=" + strconv.Itoa(srv.Process.Pid)}, `
+import signal, time, urllib.request, urllib.error
+p = os.path.join(DIR, "rot.db")
+url = BASE + "/pytest/rotate"
+q("SELECT ursula_attach(?, ?)", p, url)
+c = sqlite3.connect(p, isolation_level=None)
+c.execute("CREATE TABLE t(x)")
+c.execute("INSERT INTO t VALUES (1)")
+# rotate: the node drops tok-1 for tok-2, and the client's file says tok-2
+open(os.environ["NODE_TOKENS"], "w").write("tok-2 *\n")
+os.kill(int(os.environ["NODE_PID"]), signal.SIGHUP)
+def refused():
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD", headers={"Authorization": "Bearer tok-1"}))
+        return False
+    except urllib.error.HTTPError as e:
+        return e.code == 401
+deadline = time.time() + 20
+while not refused() and time.time() < deadline:
+    time.sleep(0.05)
+print("old refused", refused())
+open(os.environ["URSULA_VFS_TOKEN_FILE"], "w").write("tok-2\n")
+print("commit", *code(lambda: c.execute("INSERT INTO t VALUES (2)")))
+print("rows", c.execute("SELECT count(*) FROM t").fetchone()[0])
+`)
+	for _, want := range []string{"old refused True", "commit 0", "rows 2"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("missing %q in:\n%s", want, out)
 		}

@@ -10,8 +10,10 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/ursula-go/ursula/auth"
@@ -41,16 +43,79 @@ type Config struct {
 	MaxRequestBodyBytes int64
 	// Usage receives one record per request; nil: none.
 	Usage *UsageLog
+	// UpstreamToken, when set and not empty, is the gateway's own bearer token towards the
+	// nodes (for nodes that run with auth on): clients' tokens are never forwarded.
+	UpstreamToken func() string
+	// EjectFor is how long an upstream whose connection failed is tried only after the
+	// others (0: DefaultEjectFor).
+	EjectFor time.Duration
+	// MaxInflightBodyBytes is the gateway-wide budget of request body bytes it holds
+	// (buffered for forwarding); a body that does not fit is refused with 503
+	// IngressBodyBytesLimitReached, as a node does. 0: DefaultInflightBodyBytes.
+	MaxInflightBodyBytes int64
+	// CORSAllowedOrigins lists the origins browsers may read from ("*": all); the gateway
+	// answers preflight and sets the CORS headers itself. nil: every origin without auth,
+	// none with auth (a node's rule).
+	CORSAllowedOrigins []string
 	// Transport reaches the upstreams; nil: one with a 5 s connect timeout.
 	Transport http.RoundTripper
 	Logger    *slog.Logger
 }
 
+// DefaultInflightBodyBytes is the default gateway-wide request body budget.
+const DefaultInflightBodyBytes = 256 << 20
+
+// CodeIngressBodyLimit is the node's code for a body that does not fit the budget.
+const CodeIngressBodyLimit = server.CodeIngressBodyLimit
+
 // Gateway is an http.Handler forwarding to the upstream nodes.
 type Gateway struct {
-	cfg    Config
-	client *http.Client
-	now    func() time.Time
+	cfg      Config
+	client   *http.Client
+	now      func() time.Time
+	up       *upstreams
+	metrics  *metrics
+	bodyUsed atomic.Int64
+	settings atomic.Pointer[settings]
+}
+
+// settings are what a reload may change.
+type settings struct {
+	maxBody     int64
+	maxInflight int64
+	cors        []string
+}
+
+func checkSettings(maxBody, maxInflight int64, cors []string) (*settings, error) {
+	switch {
+	case maxBody == 0:
+		maxBody = streamcore.MaxRequestBytes
+	case maxBody < 0 || maxBody > streamcore.MaxRequestBytes:
+		return nil, fmt.Errorf("gateway: max request body %d is outside 1..%d (the nodes' limit)", maxBody, streamcore.MaxRequestBytes)
+	}
+	switch {
+	case maxInflight == 0:
+		maxInflight = DefaultInflightBodyBytes
+	case maxInflight < 0:
+		return nil, fmt.Errorf("gateway: max in-flight body bytes %d is negative", maxInflight)
+	}
+	for _, o := range cors {
+		if o != "*" && (!strings.Contains(o, "://") || strings.HasSuffix(o, "/")) {
+			return nil, fmt.Errorf("gateway: CORS origin %q is not \"*\" or scheme://host[:port]", o)
+		}
+	}
+	return &settings{maxBody: maxBody, maxInflight: maxInflight, cors: cors}, nil
+}
+
+// Update replaces the settings a reload may change: the body limit, the in-flight body
+// budget and the CORS origins. Invalid values change nothing.
+func (g *Gateway) Update(maxRequestBodyBytes, maxInflightBodyBytes int64, corsAllowedOrigins []string) error {
+	st, err := checkSettings(maxRequestBodyBytes, maxInflightBodyBytes, corsAllowedOrigins)
+	if err != nil {
+		return err
+	}
+	g.settings.Store(st)
+	return nil
 }
 
 // New checks cfg and returns the gateway.
@@ -63,11 +128,9 @@ func New(cfg Config) (*Gateway, error) {
 			return nil, fmt.Errorf("gateway: upstream %q is not an http(s) URL", u)
 		}
 	}
-	switch {
-	case cfg.MaxRequestBodyBytes == 0:
-		cfg.MaxRequestBodyBytes = streamcore.MaxRequestBytes
-	case cfg.MaxRequestBodyBytes < 0 || cfg.MaxRequestBodyBytes > streamcore.MaxRequestBytes:
-		return nil, fmt.Errorf("gateway: max request body %d is outside 1..%d (the nodes' limit)", cfg.MaxRequestBodyBytes, streamcore.MaxRequestBytes)
+	st, err := checkSettings(cfg.MaxRequestBodyBytes, cfg.MaxInflightBodyBytes, cfg.CORSAllowedOrigins)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.Transport == nil {
 		cfg.Transport = &http.Transport{
@@ -79,7 +142,8 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	g := &Gateway{cfg: cfg, now: time.Now}
+	g := &Gateway{cfg: cfg, now: time.Now, up: newUpstreams(cfg.Upstreams, cfg.EjectFor), metrics: newMetrics()}
+	g.settings.Store(st)
 	// Redirects are followed by hand: only to listed upstreams, with the mark bookkeeping.
 	g.client = &http.Client{Transport: cfg.Transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	return g, nil
@@ -137,7 +201,12 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Body = in
 	}
 	rec := UsageRecord{Time: g.now().UTC(), Method: r.Method}
+	g.cors(w.Header(), r)
 	g.serve(cw, r, &rec)
+	if cw.status == 0 {
+		cw.status = http.StatusOK
+	}
+	g.metrics.request(cw.status)
 	if g.cfg.Usage != nil {
 		rec.Status = cw.status
 		rec.BytesIn, rec.BytesOut = in.n, cw.n
@@ -147,8 +216,8 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (g *Gateway) serve(w *countingWriter, r *http.Request, rec *UsageRecord) {
 	if r.Method == http.MethodOptions {
-		// Preflight: the node's answer never consults the resource or credentials.
-		g.forward(w, r, nil, nil)
+		// Preflight: the same answer for every path, before and without credentials.
+		g.preflight(w, r)
 		return
 	}
 	t, e := classify(r)
@@ -185,7 +254,18 @@ func (g *Gateway) serve(w *countingWriter, r *http.Request, rec *UsageRecord) {
 			rec.Principal = p.Issuer + "|" + p.Subject
 		}
 	}
-	limit := g.cfg.MaxRequestBodyBytes
+	if r.URL.Path == "/metrics" {
+		// The gateway's own metrics (a node's are on its admin listener).
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			g.refuse(w, r, streamcore.Errorf(http.StatusMethodNotAllowed, streamcore.CodeMethodNotAllowed, "method %s is not supported here", r.Method), "MethodNotAllowed")
+			return
+		}
+		g.serveMetrics(w)
+		return
+	}
+	st := g.settings.Load()
+	limit := st.maxBody
 	if q := g.cfg.Quotas; q != nil && t.bucket != "" {
 		lim := q.limitsOf(t.bucket)
 		if lim.MaxRequestBodyBytes > 0 && lim.MaxRequestBodyBytes < limit {
@@ -206,7 +286,8 @@ func (g *Gateway) serve(w *countingWriter, r *http.Request, rec *UsageRecord) {
 			defer q.releaseLive(t.bucket)
 		}
 	}
-	body, e := readBody(r, limit)
+	body, charged, e := g.readBody(r, limit, st.maxInflight)
+	defer g.bodyUsed.Add(-charged)
 	if e != nil {
 		g.refuse(w, r, e, e.Headers[streamcore.HdrNotApplied])
 		return
@@ -218,37 +299,81 @@ func (g *Gateway) serve(w *countingWriter, r *http.Request, rec *UsageRecord) {
 	if p != nil && t.live {
 		expires = p.Expires
 	}
-	g.forward(w, r, body, &expires)
+	g.forward(w, r, routeKey(t.bucket, t.stream), body, &expires)
 }
 
-// readBody buffers a request body of at most limit bytes: a redirect hop sends it again.
-func readBody(r *http.Request, limit int64) ([]byte, *streamcore.Error) {
+// bodyStep is the unit a body is read in and charged to the in-flight budget by.
+const bodyStep = 64 << 10
+
+// readBody buffers a request body of at most limit bytes (a redirect hop sends it again),
+// charging what it holds to the gateway's in-flight budget of maxInflight bytes. The
+// caller gives back charged when the request ends, whatever the outcome.
+func (g *Gateway) readBody(r *http.Request, limit, maxInflight int64) (body []byte, charged int64, e *streamcore.Error) {
 	tooLarge := func() *streamcore.Error {
 		return streamcore.Errorf(http.StatusRequestEntityTooLarge, streamcore.CodeInvalidRequest, "the request body is over %d bytes", limit).
 			With(streamcore.HdrMaxRequestBytes, strconv.FormatInt(limit, 10)).
 			With(streamcore.HdrNotApplied, "RequestBodyTooLarge")
 	}
 	if r.ContentLength > limit {
-		return nil, tooLarge()
+		return nil, 0, tooLarge()
 	}
 	if r.Body == nil || r.ContentLength == 0 {
-		return nil, nil
+		return nil, 0, nil
 	}
-	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
-	if err != nil {
-		return nil, streamcore.Errorf(http.StatusBadRequest, streamcore.CodeInvalidRequest, "the request body could not be read").
-			With(streamcore.HdrNotApplied, "RequestBodyUnreadable")
+	take := func(n int64) bool {
+		if g.bodyUsed.Add(n) > maxInflight {
+			g.bodyUsed.Add(-n)
+			return false
+		}
+		charged += n
+		return true
 	}
-	if int64(len(b)) > limit {
-		return nil, tooLarge()
+	full := streamcore.Errorf(http.StatusServiceUnavailable, CodeIngressBodyLimit, "the gateway holds as many request body bytes in flight as it admits").
+		With(streamcore.HdrRetryAfter, "1").
+		With(streamcore.HdrNotApplied, "IngressBodyBytesLimitReached")
+	if r.ContentLength > 0 {
+		// A declared length is charged whole before a byte is read: waiting for a body
+		// that cannot fit would only hold the budget.
+		if !take(r.ContentLength) {
+			return nil, charged, full
+		}
+		b := make([]byte, r.ContentLength)
+		if _, err := io.ReadFull(r.Body, b); err != nil {
+			return nil, charged, unreadable()
+		}
+		return b, charged, nil
 	}
-	return b, nil
+	var b []byte
+	for {
+		if !take(bodyStep) {
+			return nil, charged, full
+		}
+		n := len(b)
+		b = append(b, make([]byte, bodyStep)...)
+		m, err := io.ReadFull(r.Body, b[n:])
+		b = b[:n+m]
+		if int64(len(b)) > limit {
+			return nil, charged, tooLarge()
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			return b, charged, nil
+		}
+		if err != nil {
+			return nil, charged, unreadable()
+		}
+	}
+}
+
+func unreadable() *streamcore.Error {
+	return streamcore.Errorf(http.StatusBadRequest, streamcore.CodeInvalidRequest, "the request body could not be read").
+		With(streamcore.HdrNotApplied, "RequestBodyUnreadable")
 }
 
 // refuse answers a request the gateway decided not to forward: nothing was applied, so
 // the answer carries the mark (token) and the vouch. It carries none of the nodes'
 // route-level headers (Ursula-Protocol, Ursula-Cluster-Id): those come only from a node.
 func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, e *streamcore.Error, token string) {
+	g.metrics.refusal(token)
 	h := w.Header()
 	for k, v := range e.Headers {
 		h.Set(k, v)
@@ -267,19 +392,20 @@ func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, e *streamcore.E
 }
 
 // forward sends r (with body) to the upstreams, following leader redirects, and relays
-// the final answer. expires (non-nil, non-zero) ends a live read at the credential's
-// expiry with a credential-expired event.
-func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, expires *time.Time) {
-	tried := make(map[string]bool, len(g.cfg.Upstreams))
+// the final answer. key names the stream for the leader memory. expires (non-nil,
+// non-zero) ends a live read at the credential's expiry with a credential-expired event.
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, key string, body []byte, expires *time.Time) {
+	order := g.up.order(key, g.now())
+	tried := make(map[string]bool, len(order))
 	next := func() *url.URL {
-		for _, u := range g.cfg.Upstreams {
+		for _, u := range order {
 			if !tried[u.Host] {
 				return u
 			}
 		}
 		return nil
 	}
-	up, uri := g.cfg.Upstreams[0], r.URL.RequestURI()
+	up, uri := order[0], r.URL.RequestURI()
 	hops, allMarked := 0, true
 	var firstRedirect time.Time
 	leaderNotFound := func() {
@@ -294,7 +420,13 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, e
 				return // the client left
 			}
 			if isDialError(err) {
-				// Nothing of the request went out: another upstream may take it.
+				// Nothing of the request went out: another upstream may take it, and
+				// this one goes last for a while.
+				g.metrics.upstreamError(up.Host, "connect")
+				if !g.up.isEjected(up.Host, g.now()) {
+					g.cfg.Logger.Warn("gateway: upstream ejected after a failed connection", "upstream", up.Host, "for", g.up.ejectFor, "err", err)
+				}
+				g.up.eject(up.Host, g.now())
 				if n := next(); n != nil {
 					up, uri = n, r.URL.RequestURI()
 					continue
@@ -304,12 +436,18 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, e
 				return
 			}
 			// Part of the request may have reached a node: the outcome is unknown, unmarked.
+			g.metrics.upstreamError(up.Host, "exchange")
 			g.cfg.Logger.Warn("gateway: upstream exchange failed", "upstream", up.Host, "err", err)
 			e := streamcore.Errorf(http.StatusBadGateway, "UPSTREAM_FAILED", "the upstream exchange failed")
 			g.relayRefusal(w, r, e, false, "")
 			return
 		}
+		g.up.answered(up.Host)
 		if res.StatusCode != http.StatusTemporaryRedirect && res.StatusCode != http.StatusPermanentRedirect {
+			if hops > 0 && res.StatusCode < 500 {
+				// This upstream answered after a redirect: go to it first next time.
+				g.up.remember(key, up.Host)
+			}
 			if !allMarked {
 				// A redirect without a mark may have followed a proposal: the final
 				// answer's mark can no longer be vouched for.
@@ -318,6 +456,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, e
 			g.relay(w, r, res, expires)
 			return
 		}
+		g.metrics.redirect()
 		loc := res.Header.Get("Location")
 		allMarked = allMarked && res.Header.Get(streamcore.HdrNotApplied) != ""
 		io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
@@ -389,6 +528,11 @@ func (g *Gateway) send(r *http.Request, up *url.URL, uri string, body []byte) (*
 	dropHopHeaders(out.Header)
 	// Credentials end here: the nodes never see end-user tokens.
 	out.Header.Del("Authorization")
+	if g.cfg.UpstreamToken != nil {
+		if tok := g.cfg.UpstreamToken(); tok != "" {
+			out.Header.Set("Authorization", "Bearer "+tok)
+		}
+	}
 	out.ContentLength = int64(len(body))
 	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
 		out.Header.Set("X-Forwarded-For", host)
@@ -408,6 +552,7 @@ func (g *Gateway) relayRefusal(w http.ResponseWriter, r *http.Request, e *stream
 		g.refuse(w, r, e, token)
 		return
 	}
+	g.metrics.refusal(e.Code)
 	h := w.Header()
 	for k, v := range e.Headers {
 		h.Set(k, v)
@@ -431,7 +576,18 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, res *http.Respon
 	defer res.Body.Close()
 	h := w.Header()
 	for k, vs := range res.Header {
-		h[k] = vs
+		switch {
+		case strings.HasPrefix(k, "Access-Control-"):
+			// CORS headers are the gateway's (set before forwarding).
+		case k == "Vary":
+			for _, v := range vs {
+				if !slices.Contains(h[k], v) {
+					h[k] = append(h[k], v)
+				}
+			}
+		default:
+			h[k] = vs
+		}
 	}
 	dropHopHeaders(h)
 	h.Set(streamcore.HdrNotAppliedChecked, "1")

@@ -6,6 +6,7 @@ package gateway
 import (
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -29,7 +30,7 @@ type QuotaPolicy struct {
 
 // Quotas enforces a QuotaPolicy.
 type Quotas struct {
-	policy QuotaPolicy
+	policy atomic.Pointer[QuotaPolicy]
 	mu     sync.Mutex
 	rate   map[string]*tokenBucket
 	live   map[string]int
@@ -37,13 +38,22 @@ type Quotas struct {
 
 // NewQuotas returns the enforcement of p.
 func NewQuotas(p QuotaPolicy) *Quotas {
-	return &Quotas{policy: p, rate: map[string]*tokenBucket{}, live: map[string]int{}}
+	q := &Quotas{rate: map[string]*tokenBucket{}, live: map[string]int{}}
+	q.SetPolicy(p)
+	return q
+}
+
+// SetPolicy replaces the policy (a reload). Live-read counts carry over; a bucket whose
+// rate changed starts a fresh token bucket at the new rate.
+func (q *Quotas) SetPolicy(p QuotaPolicy) {
+	q.policy.Store(&p)
 }
 
 // limitsOf is bucket's limits: its entry, with the default for the fields it leaves zero.
 func (q *Quotas) limitsOf(bucket string) Limits {
-	l := q.policy.Default
-	b, ok := q.policy.Buckets[bucket]
+	p := q.policy.Load()
+	l := p.Default
+	b, ok := p.Buckets[bucket]
 	if !ok {
 		return l
 	}

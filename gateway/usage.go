@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -31,6 +32,11 @@ type UsageRecord struct {
 	Chunks int64 `json:"chunks,omitempty"`
 }
 
+// UsageBatchBytes is the queued size at which the flusher writes at once instead of
+// waiting for its interval: lines go out in batches (one open, write and close each),
+// never one write per request, and a busy gateway does not queue a whole interval.
+const UsageBatchBytes = 1 << 20
+
 // UsageLog appends UsageRecords as JSON lines to a file.
 type UsageLog struct {
 	path      string
@@ -43,6 +49,8 @@ type UsageLog struct {
 	pending []byte
 	stop    chan struct{}
 	done    chan struct{}
+	kick    chan struct{} // a batch is full
+	writes  atomic.Int64  // file writes, for tests
 }
 
 // OpenUsageLog starts a usage log appending to path every flush interval. chunkUnit is
@@ -54,7 +62,7 @@ func OpenUsageLog(path string, chunkUnit int64, flush time.Duration, logger *slo
 	if flush <= 0 {
 		flush = time.Second
 	}
-	u := &UsageLog{path: path, chunkUnit: chunkUnit, logger: logger, stop: make(chan struct{}), done: make(chan struct{})}
+	u := &UsageLog{path: path, chunkUnit: chunkUnit, logger: logger, stop: make(chan struct{}), done: make(chan struct{}), kick: make(chan struct{}, 1)}
 	go u.run(flush)
 	return u
 }
@@ -74,7 +82,14 @@ func (u *UsageLog) Add(rec UsageRecord) {
 	rec.Seq = u.seq
 	b, _ := json.Marshal(rec)
 	u.pending = append(append(u.pending, b...), '\n')
+	full := len(u.pending) >= UsageBatchBytes
 	u.mu.Unlock()
+	if full {
+		select {
+		case u.kick <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // Flush writes the queued lines now (for tests and shutdown). Requests keep queueing
@@ -105,6 +120,7 @@ func (u *UsageLog) write(b []byte) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	u.writes.Add(1)
 	n, err := f.Write(b)
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -124,6 +140,7 @@ func (u *UsageLog) run(every time.Duration) {
 			}
 			return
 		case <-t.C:
+		case <-u.kick:
 		}
 		if err := u.Flush(); err != nil {
 			u.logger.Warn("usage log: flush failed; lines stay queued", "path", u.path, "err", err)

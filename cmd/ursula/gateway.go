@@ -13,8 +13,10 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -41,6 +43,10 @@ applying per-bucket quotas and writing a usage log. Flags override the config fi
   tls_cert_file = "..."               # HTTPS towards clients; both or neither
   tls_key_file = "..."
   upstream_ca_file = "..."            # CA of https:// upstreams
+  upstream_token_file = "..."         # the gateway's own bearer token towards nodes with auth on
+  eject_ms = 5000                     # an upstream whose connection failed goes last this long
+  max_inflight_body_bytes = 268435456 # request body bytes held at once (503 over it)
+  cors_allowed_origins = ["https://app.example"]  # or ["*"]; default: a node's rule
   insecure = false                    # allow a non-loopback listener without TLS and auth
   [auth]                              # the node's keys: token_file, issuer, audience,
   token_file = "/etc/ursula/tokens"   # jwks_url, policy_file
@@ -65,6 +71,10 @@ type gatewayFile struct {
 		TLSCertFile         string   `toml:"tls_cert_file"`
 		TLSKeyFile          string   `toml:"tls_key_file"`
 		UpstreamCAFile      string   `toml:"upstream_ca_file"`
+		UpstreamTokenFile   string   `toml:"upstream_token_file"`
+		EjectMs             int      `toml:"eject_ms"`
+		MaxInflightBody     int64    `toml:"max_inflight_body_bytes"`
+		CORSAllowedOrigins  []string `toml:"cors_allowed_origins"`
 		Insecure            bool     `toml:"insecure"`
 	} `toml:"gateway"`
 	Auth  authConfig `toml:"auth"`
@@ -95,15 +105,9 @@ func runGateway(args []string, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	var fc gatewayFile
-	if *config != "" {
-		md, err := toml.DecodeFile(*config, &fc)
-		if err != nil {
-			return fmt.Errorf("config: %w", err)
-		}
-		if und := md.Undecoded(); len(und) > 0 {
-			return fmt.Errorf("config %s: unknown keys %v", *config, und)
-		}
+	fc, err := readGatewayFile(*config)
+	if err != nil {
+		return err
 	}
 	gc := &fc.Gateway
 	if *listen != "" {
@@ -122,13 +126,37 @@ func runGateway(args []string, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	cfg := gateway.Config{MaxRequestBodyBytes: gc.MaxRequestBodyBytes, Logger: logger}
+	cfg := gateway.Config{MaxRequestBodyBytes: gc.MaxRequestBodyBytes, Logger: logger,
+		EjectFor: time.Duration(gc.EjectMs) * time.Millisecond, MaxInflightBodyBytes: gc.MaxInflightBody,
+		CORSAllowedOrigins: gc.CORSAllowedOrigins}
 	for _, s := range gc.Upstreams {
 		u, err := url.Parse(strings.TrimRight(strings.TrimSpace(s), "/"))
 		if err != nil {
 			return fmt.Errorf("upstream %q: %w", s, err)
 		}
 		cfg.Upstreams = append(cfg.Upstreams, u)
+	}
+	var upTok atomic.Pointer[string]
+	loadUpTok := func() error {
+		if gc.UpstreamTokenFile == "" {
+			return nil
+		}
+		b, err := os.ReadFile(gc.UpstreamTokenFile)
+		if err != nil {
+			return fmt.Errorf("gateway.upstream_token_file: %w", err)
+		}
+		tok := strings.TrimSpace(string(b))
+		if tok == "" || strings.ContainsAny(tok, " \t\r\n") {
+			return fmt.Errorf("gateway.upstream_token_file %s: want one token", gc.UpstreamTokenFile)
+		}
+		upTok.Store(&tok)
+		return nil
+	}
+	if err := loadUpTok(); err != nil {
+		return err
+	}
+	if gc.UpstreamTokenFile != "" {
+		cfg.UpstreamToken = func() string { return *upTok.Load() }
 	}
 	if gc.UpstreamCAFile != "" {
 		pool, err := tlsfiles.LoadCAPool(gc.UpstreamCAFile)
@@ -143,7 +171,7 @@ func runGateway(args []string, stderr io.Writer) error {
 		}
 	}
 	ac := auth.Config{TokenFile: fc.Auth.TokenFile, Issuer: fc.Auth.Issuer, Audience: fc.Auth.Audience,
-		JWKSURL: fc.Auth.JWKSURL, PolicyFile: fc.Auth.PolicyFile}
+		JWKSURL: fc.Auth.JWKSURL, PolicyFile: fc.Auth.PolicyFile, JWKSCAFile: fc.Auth.JWKSCAFile}
 	if ac.Enabled() {
 		a, err := auth.New(ctx, ac)
 		if err != nil {
@@ -165,17 +193,12 @@ func runGateway(args []string, stderr io.Writer) error {
 		}
 		logger.Warn("INSECURE: the gateway serves a non-loopback address without TLS and authentication (gateway.insecure = true)", "addr", gc.Listen)
 	}
-	q := fc.Quota
-	if q.Default != (quotaEntry{}) || len(q.Bucket) > 0 {
-		p := gateway.QuotaPolicy{Default: q.Default.limits(), Buckets: map[string]gateway.Limits{}}
-		for _, b := range q.Bucket {
-			if b.ID == "" {
-				return errors.New("quota.bucket: an entry without id")
-			}
-			p.Buckets[b.ID] = b.limits()
-		}
-		cfg.Quotas = gateway.NewQuotas(p)
+	qp, err := fc.quotaPolicy()
+	if err != nil {
+		return err
 	}
+	// Always present (an empty policy limits nothing), so a reload can add quotas.
+	cfg.Quotas = gateway.NewQuotas(qp)
 	if gc.UsageLog != "" {
 		u := gateway.OpenUsageLog(gc.UsageLog, gc.UsageChunkBytes, time.Duration(gc.UsageFlushMs)*time.Millisecond, logger)
 		defer u.Close()
@@ -189,6 +212,25 @@ func runGateway(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// SIGHUP reads the config file again and applies what can change without a restart:
+	// quotas, body limits, CORS origins, and the auth, upstream-token and TLS files.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+			}
+			if err := reloadGateway(*config, g, cfg, cert, loadUpTok); err != nil {
+				logger.Error("SIGHUP: reload failed; the previous settings stay in force", "err", err)
+			} else {
+				logger.Info("SIGHUP: gateway config, auth, upstream token and TLS files reloaded")
+			}
+		}
+	}()
 	hs := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	served := make(chan error, 1)
 	go func() {
@@ -212,6 +254,61 @@ func runGateway(args []string, stderr io.Writer) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return hs.Shutdown(sctx)
+}
+
+// readGatewayFile decodes the config file ("" : an empty config), refusing unknown keys.
+func readGatewayFile(path string) (gatewayFile, error) {
+	var fc gatewayFile
+	if path == "" {
+		return fc, nil
+	}
+	md, err := toml.DecodeFile(path, &fc)
+	if err != nil {
+		return fc, fmt.Errorf("config: %w", err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		return fc, fmt.Errorf("config %s: unknown keys %v", path, und)
+	}
+	return fc, nil
+}
+
+func (fc *gatewayFile) quotaPolicy() (gateway.QuotaPolicy, error) {
+	p := gateway.QuotaPolicy{Default: fc.Quota.Default.limits(), Buckets: map[string]gateway.Limits{}}
+	for _, b := range fc.Quota.Bucket {
+		if b.ID == "" {
+			return p, errors.New("quota.bucket: an entry without id")
+		}
+		p.Buckets[b.ID] = b.limits()
+	}
+	return p, nil
+}
+
+// reloadGateway applies a SIGHUP: the config file's reloadable settings (checked whole
+// before any is applied), then the files. Listen, upstreams, the usage log and the
+// [auth] keys themselves take a restart; the files they name are read again.
+func reloadGateway(path string, g *gateway.Gateway, cfg gateway.Config, cert *tlsfiles.Certificate, loadUpTok func() error) error {
+	fc, err := readGatewayFile(path)
+	if err != nil {
+		return err
+	}
+	qp, err := fc.quotaPolicy()
+	if err != nil {
+		return err
+	}
+	gc := fc.Gateway
+	if err := g.Update(gc.MaxRequestBodyBytes, gc.MaxInflightBody, gc.CORSAllowedOrigins); err != nil {
+		return err
+	}
+	cfg.Quotas.SetPolicy(qp)
+	var errs []error
+	if cfg.Auth != nil {
+		errs = append(errs, cfg.Auth.Reload())
+	}
+	errs = append(errs, loadUpTok())
+	if cert != nil {
+		errs = append(errs, cert.Reload())
+	}
+	return errors.Join(errs...)
 }
 
 // gatewayMain runs the gateway and returns the process exit code.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -90,4 +91,88 @@ func TestGatewayProcess(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatal("no usage line for the append")
+}
+
+// A gateway process in front of a node with auth on presents its own upstream token, and
+// SIGHUP applies a new body limit and a rotated upstream token without a restart.
+func TestGatewayProcessReload(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "ursula")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	nodeTokens := filepath.Join(dir, "node-tokens")
+	os.WriteFile(nodeTokens, []byte("gw-1 *\ngw-2 *\n"), 0o600)
+	nodeConf := filepath.Join(dir, "node.toml")
+	os.WriteFile(nodeConf, []byte("[auth]\ntoken_file = \""+nodeTokens+"\"\n"), 0o600)
+	nodeCmd, node := startProc(t, bin, "ursula listening", "server", "--engine", "memory", "--config", nodeConf, "--listen", "127.0.0.1:0", "--admin-listen", "off", "--data", filepath.Join(dir, "data"))
+	upTok := filepath.Join(dir, "up-token")
+	os.WriteFile(upTok, []byte("gw-1\n"), 0o600)
+	config := filepath.Join(dir, "gateway.toml")
+	writeConf := func(maxBody int) {
+		os.WriteFile(config, []byte(fmt.Sprintf("[gateway]\nupstream_token_file = %q\nmax_request_body_bytes = %d\n", upTok, maxBody)), 0o600)
+	}
+	writeConf(10)
+	cmd, gw := startProc(t, bin, "ursula gateway listening", "gateway", "--listen", "127.0.0.1:0", "--upstream", node, "--config", config)
+	send := func(method, path, body string) int {
+		req, _ := http.NewRequest(method, gw+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "text/plain")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		return res.StatusCode
+	}
+	if st := send("PUT", "/tenant1/s", ""); st != 201 {
+		t.Fatalf("create through the gateway's upstream token: %d", st)
+	}
+	if st := send("POST", "/tenant1/s", strings.Repeat("x", 20)); st != 413 {
+		t.Fatalf("over the configured body limit: %d", st)
+	}
+	// Raise the limit and rotate the upstream token (the node drops the old one).
+	writeConf(100)
+	os.WriteFile(upTok, []byte("gw-2\n"), 0o600)
+	os.WriteFile(nodeTokens, []byte("gw-2 *\n"), 0o600)
+	nodeCmd.Process.Signal(syscall.SIGHUP)
+	// Until the gateway reloads, it presents the token the node no longer knows.
+	for deadline := time.Now().Add(10 * time.Second); send("GET", "/tenant1/s?offset=-1", "") != 401; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the node still takes the dropped upstream token after its SIGHUP")
+		}
+	}
+	cmd.Process.Signal(syscall.SIGHUP)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		st := send("POST", "/tenant1/s", strings.Repeat("x", 20))
+		if st/100 == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after SIGHUP: %d; logs: %s", st, cmd.Stderr.(*syncBuffer).String())
+		}
+	}
+}
+
+// startProc starts bin with args, stopped at cleanup, and returns it with the addr= of
+// its log line named line. Its log is kept in the returned command's Stderr.
+func startProc(t *testing.T, bin, line string, args ...string) (*exec.Cmd, string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	logs := &syncBuffer{}
+	cmd.Stderr = logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		s := logs.String()
+		if j := strings.Index(s, line); j >= 0 {
+			if i := strings.Index(s[j:], "addr="); i >= 0 {
+				return cmd, "http://" + strings.Fields(s[j+i+5:])[0]
+			}
+		}
+	}
+	t.Fatalf("%s did not start: %s", args[0], logs.String())
+	return nil, ""
 }

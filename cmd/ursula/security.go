@@ -25,6 +25,7 @@ type authConfig struct {
 	Issuer     string `toml:"issuer"`
 	Audience   string `toml:"audience"`
 	JWKSURL    string `toml:"jwks_url"`
+	JWKSCAFile string `toml:"jwks_ca_file"`
 	PolicyFile string `toml:"policy_file"`
 }
 
@@ -65,7 +66,7 @@ func loadSecurity(ctx context.Context, fc *fileConfig, addr string, logger *slog
 		sec.peer = &raftengine.PeerTLS{Server: tlsfiles.MutualServerConfig(c, pool), Client: tlsfiles.ClientConfig(pool, c)}
 	}
 	ac := auth.Config{TokenFile: fc.Auth.TokenFile, Issuer: fc.Auth.Issuer, Audience: fc.Auth.Audience,
-		JWKSURL: fc.Auth.JWKSURL, PolicyFile: fc.Auth.PolicyFile}
+		JWKSURL: fc.Auth.JWKSURL, PolicyFile: fc.Auth.PolicyFile, JWKSCAFile: fc.Auth.JWKSCAFile}
 	if ac.Enabled() {
 		a, err := auth.New(ctx, ac)
 		if err != nil {

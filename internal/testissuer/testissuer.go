@@ -6,6 +6,7 @@ package testissuer
 import (
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"math/big"
@@ -40,6 +41,24 @@ func New(t testing.TB, kids ...string) *TestIssuer {
 		is.AddKey(t, k)
 	}
 	is.srv = httptest.NewServer(http.HandlerFunc(is.serveJWKS))
+	t.Cleanup(is.srv.Close)
+	return is
+}
+
+// NewTLS is New serving its JWKS over HTTPS with the certificate pair given in PEM.
+func NewTLS(t testing.TB, certPEM, keyPEM []byte, kids ...string) *TestIssuer {
+	t.Helper()
+	is := &TestIssuer{keys: map[string]*rsa.PrivateKey{}}
+	for _, k := range kids {
+		is.AddKey(t, k)
+	}
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	is.srv = httptest.NewUnstartedServer(http.HandlerFunc(is.serveJWKS))
+	is.srv.TLS = &tls.Config{Certificates: []tls.Certificate{pair}}
+	is.srv.StartTLS()
 	t.Cleanup(is.srv.Close)
 	return is
 }

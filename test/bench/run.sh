@@ -15,7 +15,8 @@
 #   raft          ursula default: raft single voter, node log fsync=never
 #   raft-secure   raft as above with TLS on the listener and a bearer token checked on
 #                 every request (a throwaway CA and token made for the run), to compare
-#                 with raft in the same run
+#                 with raft in the same run (test/bench/secure.sh alternates the two for
+#                 3 rounds at 64 writers and reports the median ratio)
 #   raft-always   raft single voter, node log fsync=always (every ack after fsync)
 #   raft3         3-node loopback cluster (3 voters per group, fsync=never); every group's
 #                 leadership is moved to node 1 and the bench talks to node 1
