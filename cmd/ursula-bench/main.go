@@ -754,8 +754,8 @@ func compare(args []string) int {
 	fs := flag.NewFlagSet("compare", flag.ExitOnError)
 	vs := fs.String("vs", "", "ratio of each run to the run with this label (default: the first run to each other)")
 	fs.Parse(args)
-	if fs.NArg() < 2 {
-		fmt.Fprint(os.Stderr, "usage: ursula-bench compare [--vs LABEL] A.json B.json [C.json ...]\n")
+	if fs.NArg() < 1 {
+		fmt.Fprint(os.Stderr, "usage: ursula-bench compare [--vs LABEL] A.json [B.json ...]\n")
 		return 2
 	}
 	runs, err := loadRuns(fs.Args())
