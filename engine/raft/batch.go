@@ -12,7 +12,8 @@ import (
 	"github.com/ursula-go/ursula/streamcore"
 )
 
-// Proposal batching. Concurrent proposals to one group are collected into one Raft log
+// Proposal batching (Config.BatchProposals; cmd/ursula turns it on when the node log
+// fsyncs every append). Concurrent proposals to one group are collected into one Raft log
 // entry (entryBatch) with one FSM apply that answers each command in order. A group has
 // at most maxInflight batches in flight; proposals arriving meanwhile queue, and when a
 // batch has applied, its lead takes everything queued (up to the batch bounds) as the

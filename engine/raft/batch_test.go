@@ -16,7 +16,7 @@ import (
 
 func openSingle(t *testing.T, groups int) *Engine {
 	t.Helper()
-	e, err := Open(Config{NodeID: 1, GroupCount: groups, RaftLog: io.Discard})
+	e, err := Open(Config{NodeID: 1, GroupCount: groups, RaftLog: io.Discard, BatchProposals: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,8 @@ import (
 // appending 4 KiB to its own stream with producer headers, and the memory engine under
 // the same load for reference. It reports appends per second, the process's CPU time
 // per append (steadier than throughput on a shared machine) and, on the node log, its
-// writes and records per append (how well proposals batch).
+// writes and records per append; batch=true shares entries between concurrent proposals
+// (Config.BatchProposals).
 func BenchmarkProposeParallel(b *testing.B) {
 	for _, writers := range []int{1, 64} {
 		b.Run(fmt.Sprintf("memory/writers=%d", writers), func(b *testing.B) {
@@ -33,15 +34,19 @@ func BenchmarkProposeParallel(b *testing.B) {
 		})
 	}
 	for _, mode := range []raftlog.FsyncMode{raftlog.FsyncNever, raftlog.FsyncAlways} {
-		for _, writers := range []int{1, 64} {
-			b.Run(fmt.Sprintf("fsync=%s/writers=%d", mode, writers), func(b *testing.B) {
+		for _, c := range []struct {
+			writers int
+			batch   bool
+		}{{1, false}, {64, false}, {64, true}} {
+			writers, batch := c.writers, c.batch
+			b.Run(fmt.Sprintf("fsync=%s/writers=%d/batch=%v", mode, writers, batch), func(b *testing.B) {
 				dir := b.TempDir()
 				l, err := raftlog.Open(dir+"/wal", raftlog.Options{Fsync: mode})
 				if err != nil {
 					b.Fatal(err)
 				}
 				defer l.Close()
-				e, err := Open(Config{NodeID: 1, GroupCount: 16, Dir: dir + "/raft", RaftLog: io.Discard,
+				e, err := Open(Config{NodeID: 1, GroupCount: 16, Dir: dir + "/raft", RaftLog: io.Discard, BatchProposals: batch,
 					Stores: func(g uint64) (raft.LogStore, raft.StableStore, error) {
 						s := l.Group(g)
 						c, err := raft.NewLogCache(16, s) // as cmd/ursula wraps it
