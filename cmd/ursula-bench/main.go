@@ -38,7 +38,7 @@ Usage:
   ursula-bench compare [--vs LABEL] A.json B.json [C.json ...]
   ursula-bench baseline [--write] --file BASELINE.json A.json [B.json ...]
   ursula-bench freeport [N]
-  ursula-bench wait [--timeout 30s] [--ca-file F] URL
+  ursula-bench wait [--timeout 30s] [--ca-file F] [--ok] URL
   ursula-bench certs DIR           (a throwaway CA and loopback node certificate)
 
 BASE is the URL under which the bench creates its streams, e.g.
@@ -68,7 +68,7 @@ ratio of each run to the run labelled LABEL instead.
 baseline compares runs with the committed baseline (see baseline.go) and prints a line
 starting "REGRESSION:" for every figure more than 20% worse; --write replaces the file.
 freeport prints N (default 1) free TCP ports on 127.0.0.1; wait polls URL until any HTTP
-answer comes.
+answer comes (with --ok, until a 2xx answer).
 
 Flags:
 `
@@ -754,8 +754,8 @@ func compare(args []string) int {
 	fs := flag.NewFlagSet("compare", flag.ExitOnError)
 	vs := fs.String("vs", "", "ratio of each run to the run with this label (default: the first run to each other)")
 	fs.Parse(args)
-	if fs.NArg() < 2 {
-		fmt.Fprint(os.Stderr, "usage: ursula-bench compare [--vs LABEL] A.json B.json [C.json ...]\n")
+	if fs.NArg() < 1 {
+		fmt.Fprint(os.Stderr, "usage: ursula-bench compare [--vs LABEL] A.json [B.json ...]\n")
 		return 2
 	}
 	runs, err := loadRuns(fs.Args())
@@ -821,6 +821,7 @@ func compare(args []string) int {
 	}
 	tw.Flush()
 	fmt.Println("ratios: ops/s higher is better, latency lower is better")
+	printGoals(os.Stdout, runs)
 	return 0
 }
 
@@ -915,9 +916,10 @@ func wait(args []string) int {
 	fs := flag.NewFlagSet("wait", flag.ExitOnError)
 	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
 	caFile := fs.String("ca-file", "", "PEM CA certificates to trust for an https:// URL")
+	ok := fs.Bool("ok", false, "wait for a 2xx answer (e.g. readiness), not just any answer")
 	fs.Parse(args)
 	if fs.NArg() != 1 {
-		fmt.Fprint(os.Stderr, "usage: ursula-bench wait [--timeout 30s] [--ca-file F] URL\n")
+		fmt.Fprint(os.Stderr, "usage: ursula-bench wait [--timeout 30s] [--ca-file F] [--ok] URL\n")
 		return 2
 	}
 	tlsCfg, err := tlsfiles.ClientConfigFromCAFile(*caFile)
@@ -932,10 +934,13 @@ func wait(args []string) int {
 		resp, err := hc.Get(fs.Arg(0))
 		if err == nil {
 			resp.Body.Close()
-			return 0
+			if !*ok || resp.StatusCode/100 == 2 {
+				return 0
+			}
+			err = errors.New(resp.Status)
 		}
 		last = err
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
 	}
 	if last == nil {
 		last = errors.New("timed out")

@@ -463,6 +463,8 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, joining bool, sec *securi
 		HeartbeatTimeout:  time.Duration(rc.HeartbeatTimeoutMs) * time.Millisecond,
 		SnapshotThreshold: rc.SnapshotThreshold, TrailingLogs: rc.TrailingLogs,
 		Logger: logger, RaftLog: stderr, WriteAdmission: guard.WriteRefusal,
+		// Shared entries paid off only where every append waits for an fsync.
+		BatchProposals: fsync == raftlog.FsyncAlways,
 	}
 	for _, v := range []*bool{rc.InitMembershipPerGroup, rc.InitMembership} {
 		if v != nil {

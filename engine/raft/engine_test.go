@@ -29,7 +29,7 @@ func nodelogStores(t *testing.T, dir string) (StoreFactory, *raftlog.Log) {
 	}, l
 }
 
-func waitReady(t *testing.T, e *Engine) {
+func waitReady(t testing.TB, e *Engine) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for {

@@ -17,6 +17,7 @@ import (
 const (
 	entryCommand byte = 'C' // a streamcore command (streamcore.AppendCommand)
 	entrySweep   byte = 'S' // collect expired streams at the carried time (uvarint ms)
+	entryBatch   byte = 'B' // several streamcore commands applied in order (batch.go)
 )
 
 func appendSweep(b []byte, now int64) []byte {
@@ -35,6 +36,7 @@ type group struct {
 	trans raft.Transport
 
 	aliases map[string]bool
+	batch   batcher // proposals waiting for this group's next entry (batch.go)
 
 	applied        atomic.Uint64 // last log index the FSM applied
 	barrierTerm    atomic.Uint64 // term whose barrier this leader has applied
@@ -62,6 +64,23 @@ func (g *group) Apply(l *raft.Log) any {
 			return fmt.Errorf("raftengine: entry %d of group %d: %w", l.Index, g.id, err)
 		}
 		return g.applyCommand(c)
+	case entryBatch:
+		cmds, err := decodeBatch(l.Data[1:])
+		if err != nil {
+			g.e.cfg.Logger.Error("raft entry not decodable", "group", g.id, "index", l.Index, "err", err)
+			return fmt.Errorf("raftengine: entry %d of group %d: %w", l.Index, g.id, err)
+		}
+		out := make(batchAnswer, len(cmds))
+		for i, b := range cmds {
+			c, err := streamcore.DecodeCommand(b)
+			if err != nil {
+				g.e.cfg.Logger.Error("raft entry not decodable", "group", g.id, "index", l.Index, "command", i, "err", err)
+				out[i] = fmt.Errorf("raftengine: entry %d of group %d, command %d: %w", l.Index, g.id, i, err)
+				continue
+			}
+			out[i] = g.applyCommand(c)
+		}
+		return out
 	case entrySweep:
 		now, n := binary.Varint(l.Data[1:])
 		if n <= 0 {
@@ -76,6 +95,11 @@ func (g *group) Apply(l *raft.Log) any {
 		wakes := g.afterStructural(changed)
 		g.Unlock()
 		engine.Wake(wakes...)
+	default:
+		// A kind this build does not know (written by a newer one): refuse it the same
+		// way on every replica and say so.
+		g.e.cfg.Logger.Error("raft entry of unknown kind", "group", g.id, "index", l.Index, "kind", l.Data[0])
+		return fmt.Errorf("raftengine: entry %d of group %d has unknown kind %q", l.Index, g.id, l.Data[0])
 	}
 	return nil
 }

@@ -31,6 +31,12 @@
 #   BENCH_BASELINE the baseline file (default test/bench/baseline.json)
 #   BENCH_WRITE_BASELINE=1  replace the baseline file with this run (refresh it from a full
 #                  run on a quiet machine, and commit it)
+#   BENCH_SCALE=1  also run the scale measurements on the default engine, cold tier off (a few more
+#                  minutes; see the end of this script): 1 MiB appends (1 and 8 writers)
+#                  against the disk's sequential write bandwidth (dd with one fdatasync,
+#                  same directory, same run), SSE delivery to BENCH_SSE_LIVE (1000) live
+#                  readers, and the time from kill -9 to ready with BENCH_RECOVERY_MB
+#                  (1024) MiB in the journal
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -148,5 +154,54 @@ elif [ -f "$baseline" ]; then
   "$root/bin/ursula-bench" baseline --file "$baseline" "${results[@]}" | tee "$out/baseline.txt"
 else
   echo "== no baseline at $baseline (BENCH_WRITE_BASELINE=1 writes one)"
+fi
+
+if [ "${BENCH_SCALE:-}" = 1 ]; then
+  echo "== scale (BENCH_SCALE=1, default engine: raft single voter, fsync never, cold tier off)"
+  scale="$work/scale"
+  mkdir -p "$scale"
+  # Disk bandwidth as dd reports it: sequential 1 MiB writes, one fdatasync at the end.
+  dd_mb=${BENCH_DD_MB:-512}
+  dd_line=$(dd if=/dev/zero of="$scale/dd" bs=1M count="$dd_mb" conv=fdatasync 2>&1 | tail -1)
+  rm -f "$scale/dd"
+  disk_mbs=$(echo "$dd_line" | awk -F', ' '{split($1, b, " "); split($3, t, " "); printf "%.1f", b[1] / 1e6 / t[1]}')
+  echo "disk: dd $dd_mb MiB with fdatasync: $disk_mbs MB/s ($dd_line)"
+  port=$("$root/bin/ursula-bench" freeport 1)
+  # The cold tier is off here: these figures are the append path and the journal against
+  # the disk (with the default tier, 1 MiB appends soon meet its hot cap, 503 until the
+  # flush to the cold store, on the same disk, catches up).
+  printf '[storage.cold]\nbackend = "none"\n' >"$scale/ursula.toml"
+  start_scale() {
+    # shellcheck disable=SC2086
+    "$root/bin/ursula" server --config "$scale/ursula.toml" --engine raft --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 --data "$scale/data" ${URSULA_ARGS:-} \
+      >>"$out/scale-server.log" 2>&1 &
+    spid=$!
+    pids+=("$spid")
+  }
+  start_scale
+  "$root/bin/ursula-bench" wait --ok "http://127.0.0.1:$port/__ursula/ready"
+  surl="http://127.0.0.1:$port/bench"
+  bench "$@" --url "$surl" --label raft-1MiB --scenarios append-1,append-8 --body 1048576 --client raw --out "$out/scale-1mib.json" |
+    tee "$scale/1mib.txt"
+  awk -v disk="$disk_mbs" '$2 ~ /^append-/ && disk > 0 { printf "1 MiB appends, %s: %s MB/s = %.0f%% of the disk (goal 50%%)\n", $2, $6, 100 * $6 / disk }' "$scale/1mib.txt"
+  live=${BENCH_SSE_LIVE:-1000}
+  bench "$@" --url "$surl" --label raft-sse --scenarios "sse-$live" --client raw --out "$out/scale-sse.json" | tee "$scale/sse.txt"
+  awk '$2 ~ /^sse-/ { printf "SSE delivery to %s live readers: p99 %s (goal under 20 ms)\n", $3, $8 }' "$scale/sse.txt"
+  # Fill the journal to BENCH_RECOVERY_MB with 1 MiB appends, kill -9, time until ready.
+  want_mb=${BENCH_RECOVERY_MB:-1024}
+  for _ in $(seq 1 200); do
+    have_mb=$(du -sm "$scale/data" | awk '{print $1}')
+    [ "$have_mb" -ge "$want_mb" ] && break
+    "$root/bin/ursula-bench" --url "$surl" --label fill --scenarios append-8 --body 1048576 --client raw --duration 2s --warmup 0s >/dev/null
+  done
+  have_mb=$(du -sm "$scale/data" | awk '{print $1}')
+  kill -9 "$spid"
+  wait "$spid" 2>/dev/null || true
+  t0=$(date +%s.%N)
+  start_scale
+  "$root/bin/ursula-bench" wait --ok --timeout 300s "http://127.0.0.1:$port/__ursula/ready"
+  t1=$(date +%s.%N)
+  awk -v a="$t0" -v b="$t1" -v mb="$have_mb" 'BEGIN { printf "recovery: kill -9 with %d MiB in the data directory, ready again in %.2f s (goal under 5 s for 1 GB)\n", mb, b - a }'
+  stop_all
 fi
 echo "results in $out"
