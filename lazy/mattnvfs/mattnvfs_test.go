@@ -267,8 +267,6 @@ func TestMattnLazyFollow(t *testing.T) {
 	}
 	o.notes(t, 1000, 50)
 	o.exec(t, `UPDATE notes SET body = 'live' WHERE id < 50`)
-	want := tailOf(t, streamURL)
-	_ = want
 	for i := 0; ; i++ {
 		var live int
 		if err := db.QueryRow(`SELECT count(*), coalesce(sum(body = 'live'), 0) FROM notes`).Scan(&n, &live); err != nil {
@@ -277,7 +275,7 @@ func TestMattnLazyFollow(t *testing.T) {
 		if n == 360 && live == 49 {
 			break
 		}
-		if i > 400 {
+		if i > 800 { // 20 s
 			t.Fatalf("the follower sees %d rows, %d updated; want 360 and 49", n, live)
 		}
 		waitABit()
