@@ -87,6 +87,7 @@ type Source struct {
 	seqMu    sync.Mutex
 	lastSeq  int // last frame fetched by a read (read-ahead detects runs)
 	run      int // frames the next fetch in a run takes
+	trigger  int // the first frame of the run fetched ahead: reading it fetches the next run
 
 	bytes, requests atomic.Int64
 
@@ -127,7 +128,7 @@ func Open(ctx context.Context, url string, opts Options) (*Source, error) {
 	opts.ReadAhead = max(1, cmp.Or(opts.ReadAhead, defaultReadAhead))
 	opts.MaxFrame = cmp.Or(opts.MaxFrame, streamcore.MaxRequestBytes)
 	s := &Source{url: url, c: c, opts: opts, cache: newPageCache(opts.CacheBytes),
-		pages: map[uint32][]uint64{}, commits: map[uint64]uint64{}, inflight: map[cacheKey]*flight{}, lastSeq: -2, done: make(chan struct{})}
+		pages: map[uint32][]uint64{}, commits: map[uint64]uint64{}, inflight: map[cacheKey]*flight{}, lastSeq: -2, trigger: -1, done: make(chan struct{})}
 	info, err := c.Head(ctx, url)
 	if err != nil {
 		return nil, replicator.ClassifyRead(err, "HEAD of the stream")

@@ -176,18 +176,31 @@ func (s *Source) basePage(ctx context.Context, b *base, no uint32) ([]byte, erro
 		return img[lo : lo+ps : lo+ps]
 	}
 	if img, ok := s.cache.get(key); ok {
+		s.keepAhead(b, fi)
 		return slice(img), nil
 	}
-	n, ahead := s.plan(fi, len(b.x.Frames))
-	v, err := s.once(ctx, key, func() (any, error) { return s.fetchFrames(ctx, b, fi, n) })
+	s.seqMu.Lock()
+	arriving := fi == s.trigger
+	s.seqMu.Unlock()
+	var v any
+	var err error
+	if arriving {
+		// The first frame of the run fetched ahead, still in flight: wait for that fetch
+		// (same key) and put the next run in flight.
+		s.keepAhead(b, fi)
+		v, err = s.once(ctx, key, func() (any, error) { return s.fetchFrames(ctx, b, fi, 1) })
+	} else {
+		n, ahead := s.plan(fi, len(b.x.Frames))
+		v, err = s.once(ctx, key, func() (any, error) { return s.fetchFrames(ctx, b, fi, n) })
+		if err == nil && ahead > 0 {
+			// Pages read in order: fetch the next run while this one is read.
+			go s.once(context.Background(), cacheKey{kind: fromFrame, off: b.h.Offset, n: uint32(fi + n)}, func() (any, error) {
+				return s.fetchFrames(context.Background(), b, fi+n, ahead)
+			})
+		}
+	}
 	if err != nil {
 		return nil, err
-	}
-	if ahead > 0 {
-		// Pages read in order: fetch the next run while this one is read.
-		go s.once(context.Background(), cacheKey{kind: fromFrame, off: b.h.Offset, n: uint32(fi + n)}, func() (any, error) {
-			return s.fetchFrames(context.Background(), b, fi+n, ahead)
-		})
 	}
 	// From the fetch itself (a run of frames larger than the cache evicts its first
 	// ones), else from the cache (a fetch that found it cached), else alone.
@@ -223,7 +236,34 @@ func (s *Source) plan(fi, frames int) (n, ahead int) {
 		ahead = min(s.run, frames-fi-n)
 	}
 	s.lastSeq = fi + n + ahead - 1
+	s.trigger = -1
+	if ahead > 0 {
+		s.trigger = fi + n
+	}
 	return n, max(ahead, 0)
+}
+
+// keepAhead keeps a run of frames in flight ahead of a reader going in order: when it
+// reaches the first frame of the run fetched ahead (cached, or arriving), the next run
+// is fetched in the background, so a scan never waits for a whole run.
+func (s *Source) keepAhead(b *base, fi int) {
+	s.seqMu.Lock()
+	if fi != s.trigger || s.run < 2 {
+		s.seqMu.Unlock()
+		return
+	}
+	start := s.lastSeq + 1
+	n := min(s.run, len(b.x.Frames)-start)
+	if n <= 0 {
+		s.trigger = -1
+		s.seqMu.Unlock()
+		return
+	}
+	s.lastSeq, s.trigger = start+n-1, start
+	s.seqMu.Unlock()
+	go s.once(context.Background(), cacheKey{kind: fromFrame, off: b.h.Offset, n: uint32(start)}, func() (any, error) {
+		return s.fetchFrames(context.Background(), b, start, n)
+	})
 }
 
 // fetchFrames fetches frames [fi, fi+n) of b with one ranged GET, caches them and
