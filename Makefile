@@ -43,6 +43,7 @@ vet:
 unit: s3-deps
 	URSULA_REQUIRE_S3=1 $(GO) test -race -count=1 ./...
 	URSULA_REQUIRE_S3=1 $(GO) test -count=1 -run '^TestColdS3LargeStream$$' -v ./server/
+	$(GO) test -count=1 -run '^TestPagesPast4GiB$$' ./lazy/
 	URSULA_REQUIRE_S3=1 $(GO) test -count=1 -run '^(TestSnapshotRetentionLongRun|TestDatabaseOnColdTier)$$' ./vfs/
 
 ## s3-deps: install versitygw, the local S3 server of the cold-tier tests (once)
