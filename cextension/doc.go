@@ -8,4 +8,11 @@
 // locks and shared memory never call Go: each attached database has a fence flag in C
 // memory that Go sets once the database is fenced or poisoned, and the C read path checks
 // only that flag.
+//
+// A second VFS, "ursula-lazy" (lazy.go, the LFile part of shim.c), opens a stream lazily
+// and read-only from a URI: file:NAME?vfs=ursula-lazy&url=STREAM_URL[&at=OFFSET]
+// [&follow=1][&cache_mb=N] reads pages on demand through package lazy. Here the
+// existing shim fits better than psanford/sqlite3vfs's loadable-module mode: the shim
+// already owns the extension's entry point and its SQLite API routines, and that mode
+// would bring a second copy of both.
 package main

@@ -16,6 +16,9 @@
  *     refused once the file holds data (it would bypass the replication).
  *   - no memory mapping (xFetch hands out nothing), so every read passes the check.
  *
+ * A second VFS, "ursula-lazy" (not the default), opens a stream lazily and read-only:
+ * file:NAME?vfs=ursula-lazy&url=STREAM_URL reads pages on demand through the Go side.
+ *
  * The extension uses the host's SQLite only, through the extension API routines.
  */
 #include <sqlite3ext.h>
@@ -274,6 +277,113 @@ static const char *uNextSystemCall(sqlite3_vfs *v, const char *name) {
   return unixVfs->xNextSystemCall(unixVfs, name);
 }
 
+
+/* ---- the ursula-lazy VFS ------------------------------------------------------------- */
+/*
+ * file:NAME?vfs=ursula-lazy&url=STREAM_URL[&at=OFFSET][&follow=1][&cache_mb=N] opens a
+ * replicated database lazily, read-only: its main file reads pages on demand from the
+ * stream through the Go side (package lazy). No journal or WAL exists beside it; the
+ * temporary files of sorts are plain unix files.
+ */
+typedef struct LFile {
+  sqlite3_file base;
+  uintptr_t h;  /* Go handle of the lazy file */
+  int lock;     /* SQLITE_LOCK_NONE or SQLITE_LOCK_SHARED */
+} LFile;
+
+static sqlite3_vfs lazyVfs;
+
+static int lzClose(sqlite3_file *f) {
+  LFile *l = (LFile *)f;
+  if (l->h) ursulaLazyClose(l->h);
+  l->h = 0;
+  return SQLITE_OK;
+}
+static int lzRead(sqlite3_file *f, void *buf, int n, sqlite3_int64 off) {
+  return ursulaLazyRead(((LFile *)f)->h, buf, n, off);
+}
+static int lzWrite(sqlite3_file *f, const void *buf, int n, sqlite3_int64 off) { return SQLITE_READONLY; }
+static int lzTruncate(sqlite3_file *f, sqlite3_int64 size) { return SQLITE_READONLY; }
+static int lzSync(sqlite3_file *f, int flags) { return SQLITE_OK; }
+static int lzFileSize(sqlite3_file *f, sqlite3_int64 *size) {
+  *size = ursulaLazySize(((LFile *)f)->h);
+  return SQLITE_OK;
+}
+static int lzLock(sqlite3_file *f, int level) {
+  LFile *l = (LFile *)f;
+  if (level > SQLITE_LOCK_SHARED) return SQLITE_READONLY;
+  if (l->lock == SQLITE_LOCK_NONE && level == SQLITE_LOCK_SHARED) ursulaLazyPin(l->h, 1);
+  if (level > l->lock) l->lock = level;
+  return SQLITE_OK;
+}
+static int lzUnlock(sqlite3_file *f, int level) {
+  LFile *l = (LFile *)f;
+  if (level == SQLITE_LOCK_NONE && l->lock != SQLITE_LOCK_NONE) ursulaLazyPin(l->h, 0);
+  if (level < l->lock) l->lock = level;
+  return SQLITE_OK;
+}
+static int lzCheckReservedLock(sqlite3_file *f, int *out) {
+  *out = 0;
+  return SQLITE_OK;
+}
+static int lzFileControl(sqlite3_file *f, int op, void *arg) { return SQLITE_NOTFOUND; }
+static int lzSectorSize(sqlite3_file *f) { return 4096; }
+static int lzDeviceCharacteristics(sqlite3_file *f) {
+  /* A fixed view never changes: SQLite may skip re-checking page 1. */
+  return ursulaLazyLive(((LFile *)f)->h) ? 0 : SQLITE_IOCAP_IMMUTABLE;
+}
+
+static const sqlite3_io_methods lzMethods = {
+    1,
+    lzClose, lzRead, lzWrite, lzTruncate, lzSync, lzFileSize, lzLock, lzUnlock, lzCheckReservedLock,
+    lzFileControl, lzSectorSize, lzDeviceCharacteristics,
+};
+
+static const char *uriParam(const char *name, const char *key) {
+  const char *v = sqlite3_uri_parameter(name, key);
+  return v ? v : "";
+}
+
+static int lzOpen(sqlite3_vfs *vfs, const char *name, sqlite3_file *f, int flags, int *outFlags) {
+  LFile *l = (LFile *)f;
+  uintptr_t h = 0;
+  char *err = 0;
+  int rc;
+  if (!name || !(flags & SQLITE_OPEN_MAIN_DB)) {
+    if (flags & (SQLITE_OPEN_MAIN_JOURNAL | SQLITE_OPEN_WAL | SQLITE_OPEN_SUPER_JOURNAL)) {
+      f->pMethods = 0;
+      return SQLITE_CANTOPEN; /* a lazy database has no journal and writes none */
+    }
+    return unixVfs->xOpen(unixVfs, name, f, flags, outFlags);
+  }
+  memset(l, 0, sizeof(*l));
+  rc = ursulaLazyOpen((char *)uriParam(name, "url"), (char *)uriParam(name, "at"), (char *)uriParam(name, "follow"),
+                      (char *)uriParam(name, "cache_mb"), &h, &err);
+  if (rc != SQLITE_OK) {
+    fprintf(stderr, "sqlite-ursula-vfs level=warn event=lazy_open_failed reason=\"%s\"\n", err ? err : "unknown");
+    free(err);
+    return rc;
+  }
+  l->h = h;
+  l->base.pMethods = &lzMethods;
+  /* Read-only whatever was asked: SQLite refuses writes itself. */
+  if (outFlags) *outFlags = (flags & ~(SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE)) | SQLITE_OPEN_READONLY;
+  return SQLITE_OK;
+}
+
+static int lzAccess(sqlite3_vfs *v, const char *name, int flags, int *out) {
+  *out = 0; /* no journal, no WAL, no hot anything */
+  return SQLITE_OK;
+}
+
+static void initLazyVfs(void) {
+  lazyVfs = ursulaVfs; /* the unix pass-throughs, then the lazy parts */
+  lazyVfs.zName = "ursula-lazy";
+  lazyVfs.szOsFile = unixVfs->szOsFile > (int)sizeof(LFile) ? unixVfs->szOsFile : (int)sizeof(LFile);
+  lazyVfs.xOpen = lzOpen;
+  lazyVfs.xAccess = lzAccess;
+}
+
 /* ---- SQL functions ------------------------------------------------------------------- */
 
 /* finish sets a function's result from a Go answer: a malloc'd string and a result code. */
@@ -410,6 +520,10 @@ int sqlite3_ursulavfs_init(sqlite3 *db, char **err, const sqlite3_api_routines *
     ursulaVfs.xGetSystemCall = uGetSystemCall;
     ursulaVfs.xNextSystemCall = uNextSystemCall;
     rc = sqlite3_vfs_register(&ursulaVfs, 1);
+    if (rc == SQLITE_OK) {
+      initLazyVfs();
+      rc = sqlite3_vfs_register(&lazyVfs, 0);
+    }
     if (rc == SQLITE_OK) rc = sqlite3_auto_extension((void (*)(void))autoInit);
     if (rc == SQLITE_OK) initialized = 1;
   }

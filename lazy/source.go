@@ -79,11 +79,15 @@ type Source struct {
 	inc      string              // the stream's incarnation
 	err      error               // why following stopped; nil while it goes on
 
+	rebaseMu sync.Mutex // one rebase at a time
+	old      []*base    // bases replaced by rebase (their files close with the source)
+
 	flightMu sync.Mutex
 	inflight map[cacheKey]*flight
 	seqMu    sync.Mutex
 	lastSeq  int // last frame fetched by a read (read-ahead detects runs)
 	run      int // frames the next fetch in a run takes
+	trigger  int // the first frame of the run fetched ahead: reading it fetches the next run
 
 	bytes, requests atomic.Int64
 
@@ -124,7 +128,7 @@ func Open(ctx context.Context, url string, opts Options) (*Source, error) {
 	opts.ReadAhead = max(1, cmp.Or(opts.ReadAhead, defaultReadAhead))
 	opts.MaxFrame = cmp.Or(opts.MaxFrame, streamcore.MaxRequestBytes)
 	s := &Source{url: url, c: c, opts: opts, cache: newPageCache(opts.CacheBytes),
-		pages: map[uint32][]uint64{}, commits: map[uint64]uint64{}, inflight: map[cacheKey]*flight{}, lastSeq: -2, done: make(chan struct{})}
+		pages: map[uint32][]uint64{}, commits: map[uint64]uint64{}, inflight: map[cacheKey]*flight{}, lastSeq: -2, trigger: -1, done: make(chan struct{})}
 	info, err := c.Head(ctx, url)
 	if err != nil {
 		return nil, replicator.ClassifyRead(err, "HEAD of the stream")
@@ -178,8 +182,10 @@ func (s *Source) Close() error {
 			<-s.done
 		}
 		s.mu.Lock()
-		if s.base != nil && s.base.file != nil {
-			s.base.file.Close()
+		for _, b := range append(s.old, s.base) {
+			if b != nil && b.file != nil {
+				b.file.Close()
+			}
 		}
 		s.err = errClosed
 		s.mu.Unlock()
@@ -245,7 +251,7 @@ func (s *Source) loadBase(ctx context.Context, off string) (*base, error) {
 		if f.Offset+uint64(f.Length) > uint64(len(sr.Data)) {
 			break
 		}
-		if err := s.installFrame(b, i, sr.Data[f.Offset:f.Offset+uint64(f.Length)]); err != nil {
+		if _, err := s.installFrame(b, i, sr.Data[f.Offset:f.Offset+uint64(f.Length)]); err != nil {
 			return nil, err
 		}
 	}
@@ -332,6 +338,9 @@ func (s *Source) indexLog(ctx context.Context, to uint64) error {
 	return nil
 }
 
+// errRebased: the tail moved to a newer snapshot while records were read (rebase).
+var errRebased = errors.New("ursula: lazy: the source moved to a newer snapshot")
+
 // indexRecords decodes the whole records at the start of b (stream bytes from pos on),
 // adds their commits to the index and their pages to the cache, and moves the tail past
 // them. It returns how many bytes it consumed.
@@ -339,6 +348,9 @@ func (s *Source) indexRecords(b []byte, pos uint64) (int, error) {
 	recs, used, derr := replicator.DecodeRecords(b, pos, s.opts.MaxFrame)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.tail != pos {
+		return 0, errRebased
+	}
 	for _, r := range recs {
 		if r.Kind == replicator.KindCommit {
 			cm := r.Commit
@@ -368,11 +380,13 @@ func (s *Source) indexRecords(b []byte, pos uint64) (int, error) {
 // dbPagesLocked is the database size as of offset at (just before the record there).
 func (s *Source) dbPagesLocked(at uint64) uint32 {
 	i, _ := slices.BinarySearchFunc(s.sizes, at, func(e sizeAt, t uint64) int { return cmp.Compare(e.off, t) })
+	// The newer of the last commit before at and the snapshot (a commit before the
+	// snapshot's offset ends at or before it).
+	if s.base != nil && s.base.h.Offset <= at && (i == 0 || s.sizes[i-1].off < s.base.h.Offset) {
+		return s.base.h.DBPages
+	}
 	if i > 0 {
 		return s.sizes[i-1].pages
-	}
-	if s.base != nil && s.base.h.Offset <= at {
-		return s.base.h.DBPages
 	}
 	return 0
 }
@@ -405,6 +419,14 @@ func (s *Source) follow(ctx context.Context) {
 		}
 		if err != nil {
 			var ce *client.Error
+			if errors.As(err, &ce) && ce.Status == http.StatusGone {
+				// Retention trimmed the log below the follower (it fell behind): go on
+				// from the latest snapshot, which is past the trimmed records.
+				if b, rerr := s.rebase(ctx); rerr == nil && b != nil && b.h.Offset > pos {
+					pending, wait = pending[:0], 0
+					continue
+				}
+			}
 			if errors.As(err, &ce) && ce.Status >= 400 && ce.Status < 500 && ce.Status != http.StatusTooManyRequests {
 				// Gone, recreated or refused: the views keep what is indexed.
 				s.stop(replicator.ClassifyRead(err, "stream read"))
@@ -417,6 +439,10 @@ func (s *Source) follow(ctx context.Context) {
 		s.bytes.Add(int64(len(rr.Data)))
 		pending = append(pending, rr.Data...)
 		used, err := s.indexRecords(pending, pos)
+		if err == errRebased {
+			pending = pending[:0]
+			continue
+		}
 		if err != nil {
 			s.stop(err)
 			return
@@ -432,4 +458,46 @@ func (s *Source) stop(err error) {
 	s.mu.Lock()
 	s.err = err
 	s.mu.Unlock()
+}
+
+// rebase moves the source to the stream's latest snapshot when it is newer than the one
+// in use (the owner replaced it, and retention may have trimmed the log below it), and
+// returns the base in use afterwards. Views taken from then on read from it; a view
+// already taken switches to it when it is at or below the view's offset (View.ReadPage).
+// A following source whose tail is below the new snapshot goes on from the snapshot.
+func (s *Source) rebase(ctx context.Context) (*base, error) {
+	s.rebaseMu.Lock()
+	defer s.rebaseMu.Unlock()
+	s.mu.RLock()
+	cur, tail := s.base, s.tail
+	s.mu.RUnlock()
+	s.requests.Add(1)
+	info, err := s.c.Head(ctx, s.url, client.CallOptions{IfIncarnation: s.inc})
+	if err != nil {
+		return cur, replicator.ClassifyRead(err, "HEAD of the stream")
+	}
+	off, _ := streamcore.ParseOffset(info.SnapshotOffset)
+	if info.SnapshotOffset == "" || cur != nil && off <= cur.h.Offset || off > tail && !s.opts.Follow {
+		return cur, nil
+	}
+	b, err := s.loadBase(ctx, info.SnapshotOffset)
+	if err != nil {
+		return cur, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pageSize != 0 && b.h.PageSize != s.pageSize {
+		return cur, &replicator.Error{Kind: replicator.KindDamaged, Action: replicator.ActionStop,
+			Message: fmt.Sprintf("snapshot at %d changes the page size from %d to %d", b.h.Offset, s.pageSize, b.h.PageSize)}
+	}
+	s.pageSize = b.h.PageSize
+	if cur != nil {
+		s.old = append(s.old, cur)
+	}
+	s.base = b
+	if b.h.Offset > s.tail {
+		// A follower below the snapshot: the records in between are folded into it.
+		s.tail = b.h.Offset
+	}
+	return b, nil
 }

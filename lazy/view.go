@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
+	"sync/atomic"
 
 	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/replicator"
@@ -16,7 +18,7 @@ import (
 type View struct {
 	s        *Source
 	at       uint64
-	base     *base
+	base     atomic.Pointer[base] // moves to a newer snapshot at or below at (rebase)
 	pageSize uint32
 	dbPages  uint32
 }
@@ -25,7 +27,9 @@ type View struct {
 func (s *Source) View() *View {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return &View{s: s, at: s.tail, base: s.base, pageSize: s.pageSize, dbPages: s.dbPagesLocked(s.tail)}
+	v := &View{s: s, at: s.tail, pageSize: s.pageSize, dbPages: s.dbPagesLocked(s.tail)}
+	v.base.Store(s.base)
+	return v
 }
 
 // Offset is the stream offset the view reads at.
@@ -39,10 +43,40 @@ func (v *View) DBPages() uint32 { return v.dbPages }
 
 // ReadPage returns page no (1..DBPages) as of the view's offset. The slice is shared:
 // do not modify it.
+//
+// When what the view reads is gone (the stream's owner replaced the snapshot, and
+// retention trimmed the log below it), the source moves to the stream's latest snapshot
+// and, if that is at or below the view's offset, the view reads from it: the pages as of
+// the view's offset are the same from either snapshot and the commits after it.
 func (v *View) ReadPage(ctx context.Context, no uint32) ([]byte, error) {
 	if no == 0 || no > v.dbPages {
 		return nil, fmt.Errorf("ursula: lazy: page %d is outside 1..%d", no, v.dbPages)
 	}
+	b := v.base.Load()
+	p, err := v.readPage(ctx, b, no)
+	if err == nil || !isGone(err) {
+		return p, err
+	}
+	nb, rerr := v.s.rebase(ctx)
+	if rerr != nil {
+		return nil, errors.Join(err, rerr)
+	}
+	if nb == nil || nb == b || nb.h.Offset > v.at {
+		return nil, &replicator.Error{Kind: replicator.KindNotFound, Action: replicator.ActionFix, Err: err,
+			Message: fmt.Sprintf("offset %d is no longer readable: the stream's latest snapshot is past it and retention trimmed the log below it", v.at)}
+	}
+	v.base.CompareAndSwap(b, nb)
+	return v.readPage(ctx, nb, no)
+}
+
+// isGone reports a read whose data the stream no longer holds: a replaced snapshot, or
+// log records below the retained offset (410).
+func isGone(err error) bool {
+	var ce *client.Error
+	return IsSuperseded(err) || errors.As(err, &ce) && ce.Status == http.StatusGone
+}
+
+func (v *View) readPage(ctx context.Context, vbase *base, no uint32) ([]byte, error) {
 	s := v.s
 	s.mu.RLock()
 	if s.err == errClosed {
@@ -54,16 +88,16 @@ func (v *View) ReadPage(ctx context.Context, no uint32) ([]byte, error) {
 	offs := s.pages[no]
 	i, _ := slices.BinarySearch(offs, v.at) // offs[i] >= at: the record at v.at is not in the view
 	commit, fromLog := uint64(0), false
-	if i > 0 && (v.base == nil || offs[i-1] >= v.base.h.Offset) {
+	if i > 0 && (vbase == nil || offs[i-1] >= vbase.h.Offset) {
 		commit, fromLog = offs[i-1], true
 	}
 	end := s.commits[commit]
 	// A commit that shrank the database below the page, after its source, zeroes it.
 	src := commit
-	if !fromLog && v.base != nil {
-		src = v.base.h.Offset
+	if !fromLog && vbase != nil {
+		src = vbase.h.Offset
 	}
-	zero := !fromLog && (v.base == nil || no > v.base.h.DBPages)
+	zero := !fromLog && (vbase == nil || no > vbase.h.DBPages)
 	for _, sh := range s.shrinks {
 		if sh.off >= src && sh.off < v.at && sh.pages < no && (!fromLog || sh.off > commit) {
 			zero = true
@@ -76,7 +110,7 @@ func (v *View) ReadPage(ctx context.Context, no uint32) ([]byte, error) {
 	if fromLog {
 		return s.commitPage(ctx, commit, end, no)
 	}
-	return s.basePage(ctx, v.base, no)
+	return s.basePage(ctx, vbase, no)
 }
 
 // commitPage returns page no of the commit record [off, end), fetching the record again
@@ -86,16 +120,16 @@ func (s *Source) commitPage(ctx context.Context, off, end uint64, no uint32) ([]
 	if p, ok := s.cache.get(key); ok {
 		return p, nil
 	}
-	err := s.once(ctx, cacheKey{kind: fromCommit, off: off}, func() error {
+	v, err := s.once(ctx, cacheKey{kind: fromCommit, off: off}, func() (any, error) {
 		var buf []byte
 		for pos := off; pos < end; {
 			s.requests.Add(1)
 			rr, err := s.c.Read(ctx, s.url, client.ReadOptions{Offset: streamcore.FormatOffset(pos), MaxBytes: int(end - pos), IfIncarnation: s.inc})
 			if err != nil {
-				return replicator.ClassifyRead(err, fmt.Sprintf("read of the commit at %d", off))
+				return nil, replicator.ClassifyRead(err, fmt.Sprintf("read of the commit at %d", off))
 			}
 			if len(rr.Data) == 0 {
-				return &replicator.Error{Kind: replicator.KindUnavailable, Action: replicator.ActionRetry,
+				return nil, &replicator.Error{Kind: replicator.KindUnavailable, Action: replicator.ActionRetry,
 					Message: fmt.Sprintf("stream read at %d returned nothing before %d", pos, end)}
 			}
 			s.bytes.Add(int64(len(rr.Data)))
@@ -104,18 +138,21 @@ func (s *Source) commitPage(ctx context.Context, off, end uint64, no uint32) ([]
 		}
 		recs, _, err := replicator.DecodeRecords(buf[:min(uint64(len(buf)), end-off)], off, s.opts.MaxFrame)
 		if err != nil || len(recs) != 1 || recs[0].End != end || recs[0].Commit == nil {
-			return &replicator.Error{Kind: replicator.KindDamaged, Action: replicator.ActionStop, Err: err,
+			return nil, &replicator.Error{Kind: replicator.KindDamaged, Action: replicator.ActionStop, Err: err,
 				Message: fmt.Sprintf("the commit at %d does not read back as the one indexed", off)}
 		}
+		pages := make(map[uint32][]byte, len(recs[0].Commit.Pages))
 		for _, p := range recs[0].Commit.Pages {
 			s.cache.put(cacheKey{kind: fromCommit, off: off, n: p.No}, p.Data)
+			pages[p.No] = p.Data
 		}
-		return nil
+		return pages, nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	if p, ok := s.cache.peek(key); ok {
+	// From the fetch itself: a record larger than the cache evicts its own pages.
+	if p, ok := v.(map[uint32][]byte)[no]; ok {
 		return p, nil
 	}
 	return nil, fmt.Errorf("ursula: lazy: the commit at %d does not hold page %d", off, no)
@@ -139,20 +176,45 @@ func (s *Source) basePage(ctx context.Context, b *base, no uint32) ([]byte, erro
 		return img[lo : lo+ps : lo+ps]
 	}
 	if img, ok := s.cache.get(key); ok {
+		s.keepAhead(b, fi)
 		return slice(img), nil
 	}
-	n, ahead := s.plan(fi, len(b.x.Frames))
-	err := s.once(ctx, key, func() error { return s.fetchFrames(ctx, b, fi, n) })
+	s.seqMu.Lock()
+	arriving := fi == s.trigger
+	s.seqMu.Unlock()
+	var v any
+	var err error
+	if arriving {
+		// The first frame of the run fetched ahead, still in flight: wait for that fetch
+		// (same key) and put the next run in flight.
+		s.keepAhead(b, fi)
+		v, err = s.once(ctx, key, func() (any, error) { return s.fetchFrames(ctx, b, fi, 1) })
+	} else {
+		n, ahead := s.plan(fi, len(b.x.Frames))
+		v, err = s.once(ctx, key, func() (any, error) { return s.fetchFrames(ctx, b, fi, n) })
+		if err == nil && ahead > 0 {
+			// Pages read in order: fetch the next run while this one is read.
+			go s.once(context.Background(), cacheKey{kind: fromFrame, off: b.h.Offset, n: uint32(fi + n)}, func() (any, error) {
+				return s.fetchFrames(context.Background(), b, fi+n, ahead)
+			})
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
-	if ahead > 0 {
-		// Pages read in order: fetch the next run while this one is read.
-		go s.once(context.Background(), cacheKey{kind: fromFrame, off: b.h.Offset, n: uint32(fi + n)}, func() error {
-			return s.fetchFrames(context.Background(), b, fi+n, ahead)
-		})
+	// From the fetch itself (a run of frames larger than the cache evicts its first
+	// ones), else from the cache (a fetch that found it cached), else alone.
+	if img, ok := v.(map[int][]byte)[fi]; ok {
+		return slice(img), nil
 	}
 	if img, ok := s.cache.peek(key); ok {
+		return slice(img), nil
+	}
+	got, err := s.fetchFrames(ctx, b, fi, 1)
+	if err != nil {
+		return nil, err
+	}
+	if img, ok := got[fi]; ok {
 		return slice(img), nil
 	}
 	return nil, fmt.Errorf("ursula: lazy: frame %d of the snapshot at %d fell out of the cache", fi, b.h.Offset)
@@ -174,12 +236,40 @@ func (s *Source) plan(fi, frames int) (n, ahead int) {
 		ahead = min(s.run, frames-fi-n)
 	}
 	s.lastSeq = fi + n + ahead - 1
+	s.trigger = -1
+	if ahead > 0 {
+		s.trigger = fi + n
+	}
 	return n, max(ahead, 0)
 }
 
-// fetchFrames fetches frames [fi, fi+n) of b with one ranged GET and caches them; frames
-// cached already are skipped at the ends of the range.
-func (s *Source) fetchFrames(ctx context.Context, b *base, fi, n int) error {
+// keepAhead keeps a run of frames in flight ahead of a reader going in order: when it
+// reaches the first frame of the run fetched ahead (cached, or arriving), the next run
+// is fetched in the background, so a scan never waits for a whole run.
+func (s *Source) keepAhead(b *base, fi int) {
+	s.seqMu.Lock()
+	if fi != s.trigger || s.run < 2 {
+		s.seqMu.Unlock()
+		return
+	}
+	start := s.lastSeq + 1
+	n := min(s.run, len(b.x.Frames)-start)
+	if n <= 0 {
+		s.trigger = -1
+		s.seqMu.Unlock()
+		return
+	}
+	s.lastSeq, s.trigger = start+n-1, start
+	s.seqMu.Unlock()
+	go s.once(context.Background(), cacheKey{kind: fromFrame, off: b.h.Offset, n: uint32(start)}, func() (any, error) {
+		return s.fetchFrames(context.Background(), b, start, n)
+	})
+}
+
+// fetchFrames fetches frames [fi, fi+n) of b with one ranged GET, caches them and
+// returns their images by frame; frames cached already are skipped at the ends of the
+// range.
+func (s *Source) fetchFrames(ctx context.Context, b *base, fi, n int) (map[int][]byte, error) {
 	cached := func(i int) bool {
 		_, ok := s.cache.peek(cacheKey{kind: fromFrame, off: b.h.Offset, n: uint32(i)})
 		return ok
@@ -191,66 +281,71 @@ func (s *Source) fetchFrames(ctx context.Context, b *base, fi, n int) error {
 	for hi > lo && cached(hi-1) {
 		hi--
 	}
+	imgs := map[int][]byte{}
 	if lo >= hi {
-		return nil
+		return imgs, nil
 	}
 	start, last := b.x.Frames[lo], b.x.Frames[hi-1]
 	end := last.Offset + uint64(last.Length)
 	sr, err := s.getSnapshot(ctx, b.off, int64(start.Offset), int64(end))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if sr.Digest != b.digest {
-		return superseded(b.off)
+		return nil, superseded(b.off)
 	}
 	if uint64(len(sr.Data)) != end-start.Offset {
-		return damaged(fmt.Errorf("frames %d..%d: %d bytes, the index says %d", lo, hi-1, len(sr.Data), end-start.Offset), b.off)
+		return nil, damaged(fmt.Errorf("frames %d..%d: %d bytes, the index says %d", lo, hi-1, len(sr.Data), end-start.Offset), b.off)
 	}
 	for i := lo; i < hi; i++ {
 		f := b.x.Frames[i]
-		if err := s.installFrame(b, i, sr.Data[f.Offset-start.Offset:f.Offset-start.Offset+uint64(f.Length)]); err != nil {
-			return err
+		img, err := s.installFrame(b, i, sr.Data[f.Offset-start.Offset:f.Offset-start.Offset+uint64(f.Length)])
+		if err != nil {
+			return nil, err
 		}
+		imgs[i] = img
 	}
-	return nil
+	return imgs, nil
 }
 
-func (s *Source) installFrame(b *base, i int, data []byte) error {
+func (s *Source) installFrame(b *base, i int, data []byte) ([]byte, error) {
 	img, err := b.x.DecodeFrame(i, data)
 	if err != nil {
-		return damaged(err, b.off)
+		return nil, damaged(err, b.off)
 	}
 	s.cache.put(cacheKey{kind: fromFrame, off: b.h.Offset, n: uint32(i)}, img)
-	return nil
+	return img, nil
 }
 
 // flight is one fetch in progress; others wanting the same key wait for it.
 type flight struct {
 	done chan struct{}
+	val  any
 	err  error
 }
 
-// once runs fetch unless a fetch of key is in flight, in which case it waits for that one.
-func (s *Source) once(ctx context.Context, key cacheKey, fetch func() error) error {
+// once runs fetch unless a fetch of key is in flight, in which case it waits for that
+// one, and returns the fetch's value.
+func (s *Source) once(ctx context.Context, key cacheKey, fetch func() (any, error)) (any, error) {
 	s.flightMu.Lock()
 	if f, ok := s.inflight[key]; ok {
 		s.flightMu.Unlock()
 		select {
 		case <-f.done:
-			return f.err
+			return f.val, f.err
 		case <-ctx.Done():
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 	}
 	f := &flight{done: make(chan struct{})}
 	s.inflight[key] = f
 	s.flightMu.Unlock()
-	f.err = fetch()
+	f.val, f.err = fetch()
 	s.flightMu.Lock()
 	delete(s.inflight, key)
 	s.flightMu.Unlock()
 	close(f.done)
-	return f.err
+	return f.val, f.err
 }
 
 // IsSuperseded reports a read that failed because the snapshot it needed was replaced.

@@ -202,7 +202,8 @@ func writeSnapshotV2(w io.WriterAt, h SnapshotHeader, image io.Reader) (int64, e
 	prefix := make([]byte, snapshotV2HeaderSize+frames*snapshotIndexEntrySize)
 	pos := uint64(len(prefix))
 	raw := make([]byte, uint64(ppf)*uint64(h.PageSize))
-	var out []byte
+	var out, zeroOut []byte
+	zeroLen := -1
 	for i := range x.Frames {
 		_, n := x.FramePages(i)
 		buf := raw[:uint64(n)*uint64(h.PageSize)]
@@ -213,7 +214,16 @@ func writeSnapshotV2(w io.WriterAt, h SnapshotHeader, image io.Reader) (int64, e
 			}
 			return 0, fmt.Errorf("ursula: encode snapshot: %w", err)
 		}
-		out = encoder.EncodeAll(buf, out[:0])
+		if isZero(buf) && zeroLen == len(buf) {
+			// A run of zero pages (a sparse or freshly grown file) encodes the same each
+			// time: reuse the encoding instead of compressing it again.
+			out = append(out[:0], zeroOut...)
+		} else {
+			out = encoder.EncodeAll(buf, out[:0])
+			if isZero(buf) {
+				zeroOut, zeroLen = append([]byte(nil), out...), len(buf)
+			}
+		}
 		if len(out) > math.MaxUint32 {
 			return 0, fmt.Errorf("ursula: encode snapshot: frame %d does not fit the format", i)
 		}
@@ -242,6 +252,26 @@ func writeSnapshotV2(w io.WriterAt, h SnapshotHeader, image io.Reader) (int64, e
 		return 0, fmt.Errorf("ursula: encode snapshot: %w", err)
 	}
 	return int64(pos), nil
+}
+
+// isZero reports whether b holds only zero bytes.
+func isZero(b []byte) bool {
+	for len(b) >= len(zeroPage) {
+		if !bytes.Equal(b[:len(zeroPage)], zeroPage[:]) {
+			return false
+		}
+		b = b[len(zeroPage):]
+	}
+	return bytes.Equal(b, zeroPage[:len(b)])
+}
+
+var zeroPage [64 << 10]byte
+
+// WriteSnapshot writes the snapshot blob (version 2) of the image of h.DBPages pages of
+// h.PageSize bytes, read in order from image, to w, without holding the image in memory,
+// and returns the blob size.
+func WriteSnapshot(w io.WriterAt, h SnapshotHeader, image io.Reader) (int64, error) {
+	return writeSnapshotV2(w, h, image)
 }
 
 // readSnapshotV2 goes on from readSnapshot once the first 40 bytes (head) said version 2:

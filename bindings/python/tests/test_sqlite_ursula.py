@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.parse
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PKG = os.path.normpath(os.path.join(HERE, ".."))
@@ -182,6 +183,56 @@ class OpenTest(unittest.TestCase):
         with self.assertRaises(su.SetupError) as cm:
             su.default_file_name("http://a:1,,c:3/x/y")
         self.assertEqual(cm.exception.kind, "invalid_url")
+
+
+class LazyTest(unittest.TestCase):
+    """The extension's ursula-lazy VFS: a read-only open that fetches pages on demand."""
+
+    @staticmethod
+    def lazy_uri(url, at=None):
+        u = "file:lazy.db?vfs=ursula-lazy&url=" + urllib.parse.quote(url, safe="")
+        return u + ("&at=" + at if at else "")
+
+    def test_lazy_open_matches_owner_at_tail_and_past_offset(self):
+        url = BASE + "/pybind/lazy"
+        path = os.path.join(TMP, "lazy-owner.db")
+        w = su.open(url, path=path)
+        w.execute("CREATE TABLE notes(id INTEGER PRIMARY KEY, body TEXT, tag TEXT)")
+        w.execute("CREATE INDEX notes_tag ON notes(tag)")
+        w.executemany("INSERT INTO notes(id, body, tag) VALUES (?, ?, ?)",
+                      [(i, "n%d %s" % (i, "x" * (i % 90)), "t%d" % (i % 13)) for i in range(1, 3001)])
+        w.commit()
+        past = su.status(path)["offset"]
+        w.execute("UPDATE notes SET body = 'changed' WHERE id < 100")
+        w.execute("DELETE FROM notes WHERE id % 7 = 0")
+        w.commit()
+
+        queries = ["SELECT body FROM notes WHERE id = 50",
+                   "SELECT id, body FROM notes WHERE id BETWEEN 1000 AND 1040 ORDER BY id",
+                   "SELECT tag, count(*), sum(length(body)) FROM notes GROUP BY tag ORDER BY tag",
+                   "SELECT a.id, b.id FROM notes a JOIN notes b ON b.id = a.id * 2 WHERE a.tag = 't3' ORDER BY a.id"]
+
+        def answers(c):
+            return [c.execute(q).fetchall() for q in queries]
+
+        su.load()
+        lz = sqlite3.connect(self.lazy_uri(url), uri=True)
+        self.assertEqual(answers(lz), answers(w))
+        self.assertEqual(lz.execute("SELECT body FROM notes WHERE id = 50").fetchone()[0], "changed")
+        with self.assertRaises(sqlite3.OperationalError) as cm:
+            lz.execute("INSERT INTO notes(id) VALUES (99999)")
+        self.assertIn("readonly", str(cm.exception))
+        old = sqlite3.connect(self.lazy_uri(url, past), uri=True)
+        self.assertEqual(old.execute("SELECT count(*) FROM notes").fetchone()[0], 3000)
+        self.assertTrue(old.execute("SELECT body FROM notes WHERE id = 50").fetchone()[0].startswith("n50 "))
+        for c in (lz, old):
+            c.close()
+        w.close()
+
+    def test_lazy_open_without_url_fails(self):
+        su.load()
+        with self.assertRaises(sqlite3.OperationalError):
+            sqlite3.connect("file:x.db?vfs=ursula-lazy", uri=True).execute("SELECT 1 FROM sqlite_schema")
 
 
 class FailureTest(unittest.TestCase):
