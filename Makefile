@@ -70,7 +70,7 @@ conformance-cold: build conformance-deps s3-deps
 	COLD_BACKEND=fs COLD_ENGINE=raft test/s3/conformance-cold.sh
 	COLD_BACKEND=s3 COLD_ENGINE=raft test/s3/conformance-cold.sh
 
-LAZY_MB ?= 128
+LAZY_MB ?= 1024
 
 ## bench: load benchmark: ursula memory / raft (fsync never, always) / 3-node cluster / reference server
 bench: build conformance-deps s3-deps
@@ -82,7 +82,7 @@ bench: build conformance-deps s3-deps
 	$(GO) test -run '^$$' -bench '^BenchmarkCommitCluster$$' -benchtime 2000x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)'
 	@echo "== cold start (fresh-host attach) of 10 MB and 100 MB databases"
 	$(GO) test -run '^$$' -bench '^BenchmarkColdStart$$' -benchtime 3x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)'
-	@echo "== lazy read-only open vs full download, memory server and S3 (versitygw) cold tier: first point lookup, bytes fetched, 100 lookups, full scan, heap ($(LAZY_MB) MiB; LAZY_MB=1024 for 1 GiB)"
+	@echo "== lazy read-only open vs full download, memory server and S3 (versitygw) cold tier: first point lookup, bytes fetched, 100 lookups, full scan, heap ($(LAZY_MB) MiB; LAZY_MB=128 for a quick run)"
 	URSULA_REQUIRE_S3=1 URSULA_BENCH_LAZY_MB=$(LAZY_MB) $(GO) test -run '^$$' -bench '^BenchmarkLazyOpen$$' -benchtime 1x -timeout 60m ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)'
 	@echo "== cold start from an S3 (versitygw) cold-tier snapshot, 10 MB / 100 MB / 1 GB, vs cp+fsync of the same file"
 	URSULA_REQUIRE_S3=1 $(GO) test -run '^$$' -bench '^BenchmarkColdStartS3$$' -benchtime 1x -timeout 30m ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)|SKIP|coldstart_s3'
