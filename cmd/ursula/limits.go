@@ -126,8 +126,9 @@ func resolveLimits(lc *limitsConfig) (resolvedLimits, error) {
 	return r, nil
 }
 
-// httpServer builds the client listener's server with the connection limits.
+// httpServer builds the client listener's server with the connection limits; the HTTP
+// library's own refusals get the JSON error body.
 func (r resolvedLimits) httpServer(h http.Handler, ln net.Listener) (*http.Server, net.Listener) {
 	hs := &http.Server{Handler: h, ReadHeaderTimeout: r.readHeader, IdleTimeout: r.idle, MaxHeaderBytes: 64 << 10}
-	return hs, server.LimitConnections(ln, r.maxConns)
+	return hs, server.JSONRefusals(hs, server.LimitConnections(ln, r.maxConns))
 }
