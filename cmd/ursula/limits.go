@@ -27,8 +27,9 @@ type limitsConfig struct {
 	InflightColdRead  int64  `toml:"inflight_cold_read_size"` // node-wide cold bytes held for readers
 	MinFreeWALBytes   int64  `toml:"wal_min_free_bytes"`      // refuse writes below (-1: off)
 	ResumeFreeWALByte int64  `toml:"wal_resume_free_bytes"`
-	FreeMemInterval   string `toml:"free_memory_interval"`  // return free heap to the OS ("off": never)
-	FreeMemMinBytes   int64  `toml:"free_memory_min_bytes"` // only while more free heap than this is held
+	FreeMemInterval   string `toml:"free_memory_interval"`   // return free heap to the OS ("off": never)
+	FreeMemMinBytes   int64  `toml:"free_memory_min_bytes"`  // only while more free heap than this is held
+	MaxStreamsPerBuck int    `toml:"max_streams_per_bucket"` // 0: no cap
 }
 
 // Defaults of [limits] that are not the server package's.
@@ -103,6 +104,10 @@ func resolveLimits(lc *limitsConfig) (resolvedLimits, error) {
 	if sl.SSEKeepAlive, err = parseDur("sse_keepalive", lc.SSEKeepAlive, server.DefaultSSEKeepAlive); err != nil {
 		return r, err
 	}
+	if lc.MaxStreamsPerBuck < 0 {
+		return r, fmt.Errorf("limits.max_streams_per_bucket %d must not be negative (0: no cap)", lc.MaxStreamsPerBuck)
+	}
+	sl.MaxStreamsPerBucket = lc.MaxStreamsPerBuck
 	r.server = sl
 	r.nofile = raiseNoFile()
 	r.maxConns = lc.MaxConnections
