@@ -1,7 +1,11 @@
 package abuse
 
 import (
+	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"sync"
 	"testing"
 	"time"
 )
@@ -59,4 +63,51 @@ func TestSoakSlowLoris(t *testing.T) {
 		closedByServer(t, c, "headers never finished")
 	}
 	n.alive(t)
+}
+
+// TestSoakIdleStreamRSS (make soak): the resident memory 20,000 idle streams add to a real
+// process, created over HTTP, on both engines (reported; fails only far above the 2 KB goal).
+func TestSoakIdleStreamRSS(t *testing.T) {
+	if !soak() {
+		t.Skip("a soak: URSULA_SOAK=1 (make soak)")
+	}
+	const streams = 20000
+	for _, eng := range []string{"memory", "raft"} {
+		t.Run(eng, func(t *testing.T) {
+			n := startConfig(t, t.TempDir(), "[server]\nengine = \""+eng+"\"\n[limits]\nfree_memory_interval = \"1s\"\nfree_memory_min_bytes = 1048576\n")
+			n.served(t, "warm")
+			time.Sleep(2 * time.Second)
+			before := n.rssBytes(t)
+			var wg sync.WaitGroup
+			for w := 0; w < 16; w++ {
+				wg.Add(1)
+				go func(w int) {
+					defer wg.Done()
+					for i := w; i < streams; i += 16 {
+						req, _ := http.NewRequest("PUT", fmt.Sprintf("%s/idle-%d/s%06d", n.url, i%8, i), nil)
+						req.Header.Set("Content-Type", "application/octet-stream")
+						res, err := client.Do(req)
+						if err != nil {
+							t.Errorf("create %d: %v", i, err)
+							return
+						}
+						io.Copy(io.Discard, res.Body)
+						res.Body.Close()
+						if res.StatusCode != 201 {
+							t.Errorf("create %d: %d", i, res.StatusCode)
+							return
+						}
+					}
+				}(w)
+			}
+			wg.Wait()
+			time.Sleep(3 * time.Second) // the periodic return settles the heap
+			after := n.rssBytes(t)
+			per := float64(after-before) / streams
+			t.Logf("%s engine: RSS %d MiB before, %d MiB with %d idle streams: %.0f bytes per stream", eng, before>>20, after>>20, streams, per)
+			if per > 8<<10 {
+				t.Fatalf("an idle stream costs %.0f bytes of RSS", per)
+			}
+		})
+	}
 }
