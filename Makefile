@@ -4,7 +4,7 @@ BIN      := bin
 ADDR     ?= 127.0.0.1:4437
 export GOFLAGS := -buildvcs=false
 
-.PHONY: run build test unit vet fmt-check conformance conformance-cold conformance-deps s3-deps bench fuzz clean cluster extension bindings-deps bindings-test
+.PHONY: run build test unit vet fmt-check conformance conformance-cold conformance-deps s3-deps bench soak fuzz clean cluster extension bindings-deps bindings-test
 
 build:
 	$(GO) build -o $(BIN)/ursula ./cmd/ursula
@@ -91,6 +91,11 @@ bench: build conformance-deps s3-deps
 	@echo "== commit latency: SQLite extension (Python) vs pure-Go adapter (vfs.Open), same server, vs plain local SQLite"
 	$(MAKE) extension
 	$(GO) run ./cextension/bench -n 2000 -ursula $(BIN)/ursula -extension $(BIN)/libursula_vfs.so
+
+## soak: the long abuse cases (10k idle connections, 1,000 slow-loris headers, larger memory
+## bursts with the release-off comparison) against real server processes
+soak:
+	ulimit -n $$(ulimit -Hn) 2>/dev/null; URSULA_SOAK=1 $(GO) test -count=1 -timeout 30m -v -run 'Soak|MemoryReturns|ConnectionCap|DeclaredOnly|NeverRead' ./test/abuse/
 
 ## fuzz: run every fuzz target for FUZZTIME each
 FUZZTIME ?= 20s

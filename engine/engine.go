@@ -32,6 +32,12 @@ type Engine interface {
 	Close() error
 }
 
+// BucketCounter is an engine that counts the live streams of a bucket (for the optional
+// [limits] max_streams_per_bucket, checked before a create is proposed).
+type BucketCounter interface {
+	BucketStreams(bucket string) int
+}
+
 // EngineStats are engine-wide counts.
 type EngineStats struct {
 	Engine  string `json:"engine"`

@@ -107,6 +107,9 @@ func (e *Memory) Watch(key string) <-chan struct{} { return e.partition(key).Wat
 // BucketKnown implements Engine.
 func (e *Memory) BucketKnown(bucket string) bool { return BucketKnownIn(e.parts, bucket) }
 
+// BucketStreams implements BucketCounter.
+func (e *Memory) BucketStreams(bucket string) int { return BucketStreamsIn(e.parts, bucket) }
+
 // RenewRead implements Engine.
 func (e *Memory) RenewRead(ctx context.Context, key string, now int64) {
 	e.Propose(ctx, &streamcore.Command{Op: streamcore.OpTouch, Key: key, Now: now})

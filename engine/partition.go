@@ -2,6 +2,7 @@ package engine
 
 import (
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -172,6 +173,30 @@ func Stats(name string, parts []*Partition) EngineStats {
 		st.Bytes += b
 	}
 	return st
+}
+
+// BucketStreams counts the live (not deleted) streams of bucket here: a walk of the
+// partition's streams, for an optional cap checked before a create.
+func (p *Partition) BucketStreams(bucket string) int {
+	prefix := bucket + "/"
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	n := 0
+	for k, s := range p.state.Streams {
+		if !s.SoftDeleted && strings.HasPrefix(k, prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+// BucketStreamsIn sums BucketStreams over parts.
+func BucketStreamsIn(parts []*Partition, bucket string) int {
+	n := 0
+	for _, p := range parts {
+		n += p.BucketStreams(bucket)
+	}
+	return n
 }
 
 // BucketKnownIn reports whether any of parts knows bucket.

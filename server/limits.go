@@ -4,6 +4,7 @@ package server
 // node holds for clients, and whether the node takes writes at all (disk pressure).
 
 import (
+	"github.com/ursula-go/ursula/engine"
 	"net/http"
 	"time"
 
@@ -37,6 +38,9 @@ type Limits struct {
 	// until their clients took them. A read that finds no room within a second gets 503
 	// COLD_READ_BACKPRESSURE with Retry-After.
 	InflightColdReadBytes int64
+	// MaxStreamsPerBucket caps the live streams of one bucket (0: no cap). A create of a
+	// new stream past it gets 429 STREAMS_PER_BUCKET_LIMIT and creates nothing.
+	MaxStreamsPerBucket int
 }
 
 // Default limits (documented in README.md, "Limits").
@@ -132,4 +136,31 @@ func (s *Server) admitWrite() *streamcore.Error {
 	}
 	return streamcore.Errorf(http.StatusServiceUnavailable, code, "the node takes no writes now: %s", why).
 		With(streamcore.HdrRetryAfter, "1").With(streamcore.HdrNotApplied, token)
+}
+
+// CodeStreamsPerBucketLimit refuses the create of a stream in a bucket at its cap.
+const CodeStreamsPerBucketLimit = "STREAMS_PER_BUCKET_LIMIT"
+
+// admitStream refuses the create of a new stream at key when its bucket already holds
+// MaxStreamsPerBucket live streams. A repeat of a create of an existing stream passes.
+// The count is this node's applied state of every group, read before the proposal:
+// creates racing in the same bucket (on one node, or on the leaders of different groups)
+// can each pass at the cap minus one, so the cap may be overshot by their number.
+func (s *Server) admitStream(key string) *streamcore.Error {
+	max := s.cfg.Limits.MaxStreamsPerBucket
+	bc, ok := s.engine.(engine.BucketCounter)
+	if max <= 0 || !ok {
+		return nil
+	}
+	exists := false
+	s.engine.View(key, s.now(), func(_ *streamcore.State, st *streamcore.Stream) { exists = st != nil })
+	if exists {
+		return nil
+	}
+	if bc.BucketStreams(streamcore.BucketOf(key)) < max {
+		return nil
+	}
+	return streamcore.Errorf(http.StatusTooManyRequests, CodeStreamsPerBucketLimit,
+		"the bucket holds as many streams as the node allows (%d)", max).
+		With(streamcore.HdrNotApplied, "StreamsPerBucketLimit")
 }

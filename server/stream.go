@@ -20,6 +20,9 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, t *target)
 	}
 	c, e := s.createCommand(r, t, body)
 	if e == nil {
+		e = s.admitStream(t.key)
+	}
+	if e == nil {
 		e = s.coldAdmit(t.key, len(c.Body))
 	}
 	if e != nil {

@@ -27,6 +27,9 @@ type limitsConfig struct {
 	InflightColdRead  int64  `toml:"inflight_cold_read_size"` // node-wide cold bytes held for readers
 	MinFreeWALBytes   int64  `toml:"wal_min_free_bytes"`      // refuse writes below (-1: off)
 	ResumeFreeWALByte int64  `toml:"wal_resume_free_bytes"`
+	FreeMemInterval   string `toml:"free_memory_interval"`   // return free heap to the OS ("off": never)
+	FreeMemMinBytes   int64  `toml:"free_memory_min_bytes"`  // only while more free heap than this is held
+	MaxStreamsPerBuck int    `toml:"max_streams_per_bucket"` // 0: no cap
 }
 
 // Defaults of [limits] that are not the server package's.
@@ -45,6 +48,8 @@ type resolvedLimits struct {
 	idle, readHeader          time.Duration
 	server                    server.Limits
 	walMinFree, walResumeFree int64
+	freeMemEvery              time.Duration // 0: off
+	freeMemMin                uint64
 	nofile                    uint64
 	guard                     *raftlog.DiskGuard // raft engine: the journal disk's admission
 }
@@ -99,6 +104,10 @@ func resolveLimits(lc *limitsConfig) (resolvedLimits, error) {
 	if sl.SSEKeepAlive, err = parseDur("sse_keepalive", lc.SSEKeepAlive, server.DefaultSSEKeepAlive); err != nil {
 		return r, err
 	}
+	if lc.MaxStreamsPerBuck < 0 {
+		return r, fmt.Errorf("limits.max_streams_per_bucket %d must not be negative (0: no cap)", lc.MaxStreamsPerBuck)
+	}
+	sl.MaxStreamsPerBucket = lc.MaxStreamsPerBuck
 	r.server = sl
 	r.nofile = raiseNoFile()
 	r.maxConns = lc.MaxConnections
@@ -123,11 +132,25 @@ func resolveLimits(lc *limitsConfig) (resolvedLimits, error) {
 		return r, fmt.Errorf("limits.max_live_readers %d must be below limits.max_connections %d", r.maxLive, r.maxConns)
 	}
 	r.walMinFree, r.walResumeFree = lc.MinFreeWALBytes, lc.ResumeFreeWALByte
+	if lc.FreeMemInterval != "off" {
+		if r.freeMemEvery, err = parseDur("free_memory_interval", lc.FreeMemInterval, server.DefaultFreeMemoryInterval); err != nil {
+			return r, err
+		}
+	}
+	switch {
+	case lc.FreeMemMinBytes < 0:
+		return r, fmt.Errorf("limits.free_memory_min_bytes %d must not be negative", lc.FreeMemMinBytes)
+	case lc.FreeMemMinBytes == 0:
+		r.freeMemMin = server.DefaultFreeMemoryMinBytes
+	default:
+		r.freeMemMin = uint64(lc.FreeMemMinBytes)
+	}
 	return r, nil
 }
 
-// httpServer builds the client listener's server with the connection limits.
+// httpServer builds the client listener's server with the connection limits; the HTTP
+// library's own refusals get the JSON error body.
 func (r resolvedLimits) httpServer(h http.Handler, ln net.Listener) (*http.Server, net.Listener) {
 	hs := &http.Server{Handler: h, ReadHeaderTimeout: r.readHeader, IdleTimeout: r.idle, MaxHeaderBytes: 64 << 10}
-	return hs, server.LimitConnections(ln, r.maxConns)
+	return hs, server.JSONRefusals(hs, server.LimitConnections(ln, r.maxConns))
 }

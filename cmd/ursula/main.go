@@ -350,6 +350,7 @@ func runServer(args []string, stderr io.Writer) error {
 	// instead of waiting for their timeouts.
 	baseCtx, cancelBase := context.WithCancel(context.Background())
 	defer cancelBase()
+	go server.ReleaseMemory(baseCtx, lim.freeMemEvery, lim.freeMemMin)
 	hs, cln := lim.httpServer(srv, ln)
 	hs.BaseContext = func(net.Listener) context.Context { return baseCtx }
 	hs.RegisterOnShutdown(cancelBase)

@@ -452,6 +452,12 @@ func (e *Engine) Watch(key string) <-chan struct{} { return e.groupOf(key).Watch
 // BucketKnown implements engine.Engine.
 func (e *Engine) BucketKnown(bucket string) bool { return engine.BucketKnownIn(e.partitions(), bucket) }
 
+// BucketStreams implements engine.BucketCounter: the streams of bucket in this node's
+// applied state of every group.
+func (e *Engine) BucketStreams(bucket string) int {
+	return engine.BucketStreamsIn(e.partitions(), bucket)
+}
+
 // Stats implements engine.Engine.
 func (e *Engine) Stats() engine.EngineStats { return engine.Stats("raft", e.partitions()) }
 
