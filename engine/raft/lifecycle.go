@@ -68,6 +68,10 @@ type lifecycle struct {
 
 	memberMu sync.Mutex
 	member   map[uint64]bool // groups whose configuration listed this node
+
+	applyFault atomic.Pointer[ApplyFault] // tests: refuse to apply entries (applystop.go)
+	press      logPressure                // the node's Raft-log budget (logpressure.go)
+	balance    balancer                   // leadership balancer (balance.go)
 }
 
 func (e *Engine) lifePath(name string) string { return filepath.Join(e.cfg.Dir, name) }
@@ -79,6 +83,9 @@ func (e *Engine) openLifecycle(single bool) error {
 	l.book = map[raft.ServerID]Peer{}
 	l.member = map[uint64]bool{}
 	l.bootID = bootID()
+	if l.press.budget.Load() == 0 {
+		l.press.budget.Store(DefaultRaftLogBudget)
+	}
 	if e.cfg.Dir == "" {
 		return nil
 	}
@@ -321,9 +328,20 @@ func (e *Engine) lifecycleLoop() {
 				}
 			}
 		}
+		e.checkLogPressure()
+		if !e.life.single {
+			for _, g := range e.groups {
+				// A group stopped here may apply fine on the other replicas: let one of
+				// them lead it.
+				if g.stop.Load() != nil && g.r.State() == raft.Leader {
+					g.r.LeadershipTransfer()
+				}
+			}
+		}
 		if tick%4 == 0 {
 			e.watchMembership()
 		}
+		e.balanceTick(tick)
 	}
 }
 
@@ -503,6 +521,8 @@ func (e *Engine) serveLifecyclePeer(op byte, payload []byte) (byte, []byte) {
 			return 1, []byte(err.Error())
 		}
 		return 0, nil
+	case peerDrainState:
+		return 0, []byte{e.drainState()}
 	case peerCommitIndex:
 		group, n := binary.Uvarint(payload)
 		if n <= 0 || group >= uint64(len(e.groups)) {
