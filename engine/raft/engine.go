@@ -556,12 +556,12 @@ type GroupStatus struct {
 
 // Status is GET /__ursula/raft/status.
 type Status struct {
-	NodeID     uint64        `json:"node_id"`
-	URL        string        `json:"url,omitempty"`       // this node's client URL
-	RaftAddr   string        `json:"raft_addr,omitempty"` // this node's cluster address
-	DrainMark  bool          `json:"drain_mark"`
-	GroupCount int           `json:"group_count"`
-	Leading    int           `json:"leading"`
+	NodeID     uint64 `json:"node_id"`
+	URL        string `json:"url,omitempty"`       // this node's client URL
+	RaftAddr   string `json:"raft_addr,omitempty"` // this node's cluster address
+	DrainMark  bool   `json:"drain_mark"`
+	GroupCount int    `json:"group_count"`
+	Leading    int    `json:"leading"`
 	// Raft-log pressure (logpressure.go) and the leadership balancer (balance.go).
 	RaftLogBytes    int64         `json:"raft_log_bytes"`
 	RaftLogBudget   int64         `json:"raft_log_budget"`

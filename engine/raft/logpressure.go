@@ -147,7 +147,7 @@ type logPressure struct {
 	bytes    atomic.Int64 // unsnapshotted log bytes at the last check
 	over     atomic.Bool  // writes with a body are refused
 	building atomic.Bool  // a pressure snapshot runs
-	noDriver bool         // tests: no pressure snapshots
+	noDriver atomic.Bool  // tests: no pressure snapshots
 	refused  atomic.Uint64
 	builds   atomic.Uint64
 }
@@ -189,7 +189,7 @@ func (e *Engine) checkLogPressure() {
 			e.cfg.Logger.Info("raft log back under 1.5 times its budget: writes resume", "bytes", total, "budget", budget)
 		}
 	}
-	if p.noDriver || big == nil || total <= budget/4*3 || !p.building.CompareAndSwap(false, true) {
+	if p.noDriver.Load() || big == nil || total <= budget/4*3 || !p.building.CompareAndSwap(false, true) {
 		return
 	}
 	p.builds.Add(1)
