@@ -43,6 +43,7 @@ import (
 const (
 	peerMember      byte = 'M'
 	peerCommitIndex byte = 'C'
+	peerIsMember    byte = 'W' // does the group's leader list this node? (removal while down)
 )
 
 const (
@@ -341,6 +342,9 @@ func (e *Engine) lifecycleLoop() {
 		if tick%4 == 0 {
 			e.watchMembership()
 		}
+		if tick%20 == 19 && !e.life.single && !e.life.removed.Load() && !e.cfg.Join {
+			e.askMembership()
+		}
 		e.balanceTick(tick)
 	}
 }
@@ -395,12 +399,45 @@ func (e *Engine) watchMembership() {
 		}
 		e.life.memberMu.Unlock()
 		if was && !listed && len(servers) > 0 && !e.life.removed.Load() {
-			e.life.removed.Store(true)
-			e.cfg.Logger.Error("this node was removed from the cluster", "group", g.id)
-			if e.cfg.Dir != "" {
-				writeFileSync(e.lifePath(removedFile), fmt.Sprintf("removed from group %d at %s", g.id, time.Now().UTC().Format(time.RFC3339)))
-			}
+			e.markRemoved(g.id, "its configuration no longer lists this node")
 		}
+	}
+}
+
+// askMembership finds out whether this node was removed while it was down: a removed
+// replica hears from no leader (the leaders no longer send to it), so for a group without
+// a known leader it asks the other members whether the group's leader still lists it.
+func (e *Engine) askMembership() {
+	for _, g := range e.groups {
+		if addr, _ := g.r.LeaderWithID(); addr != "" {
+			continue
+		}
+		for _, p := range e.knownPeers() {
+			if p.ID == e.cfg.NodeID {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			ans, err := e.ask(ctx, p, peerIsMember, binary.AppendUvarint(binary.AppendUvarint(nil, g.id), e.cfg.NodeID))
+			cancel()
+			if err != nil || len(ans) != 1 {
+				continue
+			}
+			if ans[0] == 0 {
+				e.markRemoved(g.id, fmt.Sprintf("the leader of group %d (node %d) no longer lists this node", g.id, p.ID))
+				return
+			}
+			break
+		}
+	}
+}
+
+func (e *Engine) markRemoved(group uint64, why string) {
+	if e.life.removed.Swap(true) {
+		return
+	}
+	e.cfg.Logger.Error("this node was removed from the cluster; it refuses to act as a member (start a new node with an empty data directory and a new node id)", "group", group, "why", why)
+	if e.cfg.Dir != "" {
+		writeFileSync(e.lifePath(removedFile), fmt.Sprintf("removed from group %d at %s: %s", group, time.Now().UTC().Format(time.RFC3339), why))
 	}
 }
 
@@ -523,6 +560,26 @@ func (e *Engine) serveLifecyclePeer(op byte, payload []byte) (byte, []byte) {
 		return 0, nil
 	case peerDrainState:
 		return 0, []byte{e.drainState()}
+	case peerIsMember:
+		group, n := binary.Uvarint(payload)
+		if n <= 0 || group >= uint64(len(e.groups)) {
+			return 1, []byte("no such group")
+		}
+		node, m := binary.Uvarint(payload[n:])
+		g := e.groups[group]
+		if m <= 0 || g.r.State() != raft.Leader {
+			return 1, []byte("not the leader of the group")
+		}
+		f := g.r.GetConfiguration()
+		if err := f.Error(); err != nil {
+			return 1, []byte(err.Error())
+		}
+		for _, s := range f.Configuration().Servers {
+			if s.ID == serverID(node) {
+				return 0, []byte{1}
+			}
+		}
+		return 0, []byte{0}
 	case peerCommitIndex:
 		group, n := binary.Uvarint(payload)
 		if n <= 0 || group >= uint64(len(e.groups)) {
