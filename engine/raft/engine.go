@@ -25,7 +25,7 @@
 // Not implemented yet (see the README's cluster section): the recovery gate and vote floor
 // that keep a node which may have lost acknowledged entries under fsync=never from voting;
 // learners and membership changes (the voter set is static); forwarding of reads from
-// followers to the leader (followers redirect instead); a leadership balancer.
+// followers to the leader (followers redirect instead).
 package raftengine
 
 import (
