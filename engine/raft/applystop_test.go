@@ -258,12 +258,17 @@ func TestApplyFailureOneReplica(t *testing.T) {
 	es := threeVoters(t)
 	key := "b/x"
 	g := es[0].GroupOf(key)
-	leader := es[0].LeaderOf(g)
-	L := es[leader-1]
 	ctx := context.Background()
-	if _, err := L.Propose(ctx, create(key)); err != nil {
-		t.Fatal(err)
-	}
+	var leader uint64
+	var L *Engine
+	eventually(t, "the stream's create", func() bool {
+		if leader = es[0].LeaderOf(g); leader == 0 {
+			return false
+		}
+		L = es[leader-1]
+		_, err := L.Propose(ctx, create(key))
+		return err == nil
+	})
 	var on atomic.Bool
 	on.Store(true)
 	L.SetApplyFault(poison(&on, false))
@@ -273,10 +278,11 @@ func TestApplyFailureOneReplica(t *testing.T) {
 		return n != 0 && n != leader
 	})
 	eventually(t, "a write through the new leader", func() bool {
-		nl := es[es[0].LeaderOf(g)-1]
-		if nl == L {
+		n := es[0].LeaderOf(g)
+		if n == 0 || es[n-1] == L {
 			return false
 		}
+		nl := es[n-1]
 		_, err := nl.Propose(ctx, appendCmd(key, "after,"))
 		return err == nil
 	})
