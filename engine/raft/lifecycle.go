@@ -22,6 +22,7 @@ package raftengine
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -36,6 +37,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/ursula-go/ursula/engine"
+	"github.com/ursula-go/ursula/streamcore"
 )
 
 // Peer-channel ops of this file (peer.go): a membership change forwarded to the group's
@@ -700,6 +702,7 @@ type Recovery struct {
 	// writes acknowledged from the page cache (fsync=never) may be gone.
 	UnsyncedLossPossible bool            `json:"unsynced_loss_possible"`
 	Outcome              string          `json:"outcome,omitempty"`
+	Rewrite              *HistoryRewrite `json:"history_rewrite,omitempty"`
 	Groups               []GroupRecovery `json:"groups"`
 }
 
@@ -723,12 +726,70 @@ func (e *Engine) AcceptUnsyncedLoss() (any, error) {
 	if !e.life.lossPossible.Load() {
 		return nil, ErrNothingToAccept
 	}
+	rw := e.rewriteHistories()
 	e.life.lossPossible.Store(false)
 	e.life.accepted.Store(true)
-	e.cfg.Logger.Warn("possible unsynced loss accepted by the operator")
+	e.cfg.Logger.Warn("possible unsynced loss accepted by the operator: stream histories rewritten", "rewritten", rw.Rewritten, "refused", len(rw.Refused))
 	r := e.RecoveryReport().(Recovery)
 	r.Outcome = "accepted"
+	r.Rewrite = &rw
 	return r, nil
+}
+
+// HistoryRewrite is what accept-unsynced-loss did to the streams.
+type HistoryRewrite struct {
+	Rewritten int               `json:"rewritten_streams"`
+	Refused   map[string]string `json:"refused,omitempty"` // key -> why
+}
+
+// rewriteHistories gives every stream of every group that held state before the unclean
+// stop a history rewrite (extensions spec 2.4, 5.3): a new incarnation token,
+// Stream-Previous-Incarnation and Stream-Inherited-Offset, and its producers closed with
+// epoch-closed;by=history, so a reader or a producer that saw bytes the host crash took
+// learns the history changed instead of silently diverging. One OpRestoreStream per
+// stream (in place: IfIncarnation names its current token).
+func (e *Engine) rewriteHistories() HistoryRewrite {
+	out := HistoryRewrite{Refused: map[string]string{}}
+	for _, g := range e.groups {
+		if !g.hadState {
+			continue
+		}
+		type cur struct {
+			key string
+			inc uint64
+		}
+		var todo []cur
+		g.RLock()
+		for k, s := range g.StateLocked().Streams {
+			if !s.SoftDeleted {
+				todo = append(todo, cur{k, s.Incarnation})
+			}
+		}
+		g.RUnlock()
+		for _, c := range todo {
+			ctx, cancel := context.WithTimeout(context.Background(), e.cfg.ApplyTimeout)
+			res, err := e.Propose(ctx, &streamcore.Command{Op: streamcore.OpRestoreStream, Key: c.key, Now: time.Now().UnixMilli(),
+				IfIncarnation: c.inc, NewIncarnation: newIncarnation()})
+			cancel()
+			switch {
+			case err != nil:
+				out.Refused[c.key] = err.Error()
+			case res.Err != nil:
+				out.Refused[c.key] = res.Err.Error()
+			default:
+				out.Rewritten++
+			}
+		}
+	}
+	return out
+}
+
+// newIncarnation is a random incarnation token of the form the server issues (a safe
+// JSON integer with bit 52 set).
+func newIncarnation() uint64 {
+	var b [8]byte
+	rand.Read(b[:])
+	return 1<<52 | binary.LittleEndian.Uint64(b[:])&(1<<52-1)
 }
 
 // gateTransport is a group's Raft transport behind its recovery gate (see the file
