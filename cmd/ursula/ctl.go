@@ -39,7 +39,8 @@ Commands:
                           group at a time, wait for it to catch up, promote it to voter
   members remove ID       remove node ID from every group
   observe-unsynced-loss   what this node may have lost in an unclean stop (recovery gates)
-  accept-unsynced-loss    accept the loss a single node reports, so it stops reporting it
+  accept-unsynced-loss    accept the loss a single node reports: every stream's history is
+                          rewritten (new token, producers closed), then it stops reporting it
   purge BUCKET            erase every stream and cold object of BUCKET and fence it for good
                           (later requests answer 404 BUCKET_ERASED); safe to repeat
   usage                   per-bucket appends, bytes in and out, retained and staged bytes
