@@ -150,31 +150,34 @@ func (s *Server) handleRaftAdmin(w http.ResponseWriter, r *http.Request, path st
 
 // MetricsSnapshot is the JSON shape of GET /__ursula/metrics.
 type MetricsSnapshot struct {
-	UptimeSeconds float64            `json:"uptime_seconds"`
-	ClusterID     string             `json:"cluster_id"`
-	Engine        engine.EngineStats `json:"engine"`
-	LiveReaders   int64              `json:"live_readers"`
-	ColdReadHeld  int64              `json:"cold_read_bytes_held"` // cold bytes held for readers (the budget in use)
-	AppendBytes   uint64             `json:"append_bytes_total"`
-	ReadBytes     uint64             `json:"read_bytes_total"`
-	Requests      map[string]uint64  `json:"requests_total"`
-	RequestSecs   map[string]float64 `json:"request_seconds_total"`
-	Cold          *coldtier.Stats    `json:"cold,omitempty"` // with a cold store
-	Raft          any                `json:"raft,omitempty"` // raft engine: GET /__ursula/raft/status
+	UptimeSeconds float64 `json:"uptime_seconds"`
+	ClusterID     string  `json:"cluster_id"`
+	// ProcessIncarnation identifies this run: admin mutations may pin it (admin_lifecycle.go).
+	ProcessIncarnation string             `json:"process_incarnation"`
+	Engine             engine.EngineStats `json:"engine"`
+	LiveReaders        int64              `json:"live_readers"`
+	ColdReadHeld       int64              `json:"cold_read_bytes_held"` // cold bytes held for readers (the budget in use)
+	AppendBytes        uint64             `json:"append_bytes_total"`
+	ReadBytes          uint64             `json:"read_bytes_total"`
+	Requests           map[string]uint64  `json:"requests_total"`
+	RequestSecs        map[string]float64 `json:"request_seconds_total"`
+	Cold               *coldtier.Stats    `json:"cold,omitempty"` // with a cold store
+	Raft               any                `json:"raft,omitempty"` // raft engine: GET /__ursula/raft/status
 }
 
 // Snapshot returns the current metrics.
 func (s *Server) MetricsSnapshot() MetricsSnapshot {
 	ms := MetricsSnapshot{
-		UptimeSeconds: time.Since(s.metrics.started).Seconds(),
-		ClusterID:     s.cfg.ClusterID,
-		Engine:        s.engine.Stats(),
-		LiveReaders:   s.live.Load(),
-		ColdReadHeld:  s.coldReads.inUse(),
-		AppendBytes:   s.metrics.appendBytes.Load(),
-		ReadBytes:     s.metrics.readBytes.Load(),
-		Requests:      map[string]uint64{},
-		RequestSecs:   map[string]float64{},
+		UptimeSeconds:      time.Since(s.metrics.started).Seconds(),
+		ClusterID:          s.cfg.ClusterID,
+		ProcessIncarnation: processIncarnation,
+		Engine:             s.engine.Stats(),
+		LiveReaders:        s.live.Load(),
+		ColdReadHeld:       s.coldReads.inUse(),
+		AppendBytes:        s.metrics.appendBytes.Load(),
+		ReadBytes:          s.metrics.readBytes.Load(),
+		Requests:           map[string]uint64{},
+		RequestSecs:        map[string]float64{},
 	}
 	s.metrics.mu.Lock()
 	for k, v := range s.metrics.requests {

@@ -68,8 +68,8 @@ func (s *Server) routeAdmin(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent) // no preflight grant, ever
 		return
 	}
-	if r.Method != http.MethodGet && r.Method != http.MethodHead && !s.explicitAdmin(w, r) {
-		return // a mutation a web page could have sent: refused
+	if r.Method != http.MethodGet && r.Method != http.MethodHead && (!s.explicitAdmin(w, r) || !s.checkIncarnation(w, r)) {
+		return // a mutation a web page could have sent, or pinned to another run: refused
 	}
 	if raw != "/__ursula/ready" { // readiness stays open for probes
 		if r = s.guard(w, r, "", auth.Admin); r == nil {
@@ -144,6 +144,10 @@ func (s *Server) routeAdmin(w http.ResponseWriter, r *http.Request) {
 		parts := strings.Split(rest, "/")
 		if len(parts) == 3 {
 			s.handleMemberChange(w, r, lc, parts)
+			return
+		}
+		if len(parts) == 2 && parts[1] == "restart" {
+			s.handleRestartGroup(w, r, parts[0])
 			return
 		}
 	}
@@ -229,6 +233,8 @@ func adminError(err error) *streamcore.Error {
 		status = http.StatusNotFound
 	case strings.Contains(msg, "no such voter"):
 		status = http.StatusBadRequest
+	case strings.Contains(msg, "nothing to restart"):
+		return streamcore.Errorf(http.StatusConflict, "GROUP_NOT_STOPPED", "%s", msg)
 	case errors.Is(err, engine.ErrNoLeader):
 		return streamcore.Errorf(http.StatusServiceUnavailable, CodeNotLeader, "%s", msg).With(streamcore.HdrRetryAfter, "1")
 	}

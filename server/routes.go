@@ -87,6 +87,11 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		t := &target{bucket: segs[0], stream: segs[1], key: segs[0] + "/" + segs[1], url: raw}
+		if e := s.streamRefusal(t.key); e != nil {
+			drainBody(r) // its group cannot serve now (admin_lifecycle.go)
+			s.writeError(w, r, e)
+			return
+		}
 		s.routeStream(w, r, t, segs[2:])
 		if sw, ok := w.(*statusWriter); ok && r.Method == http.MethodGet && sw.status < 300 {
 			s.usage.read(t.bucket, sw.sent)

@@ -56,6 +56,9 @@ func (s *Stream) History() (previous, inherited uint64, ok bool) {
 }
 
 func (st *State) restoreStream(c *Command) Result {
+	if c.IfIncarnation != 0 {
+		return st.rewriteInPlace(c) // no body: the stream rewrites itself
+	}
 	src, err := DecodeStream(c.Body)
 	if err != nil {
 		return fail(Errorf(http.StatusBadRequest, CodeInvalidRequest, "restored stream does not decode: %v", err))
@@ -98,6 +101,38 @@ func (st *State) restoreStream(c *Command) Result {
 	r := Result{Status: http.StatusCreated, Created: true, Changed: true}
 	ns.configHeaders(&r)
 	ns.historyHeaders(&r)
+	return r
+}
+
+// rewriteInPlace is a history rewrite of an existing stream (an accepted unsynced loss):
+// with IfIncarnation naming the stream's current token, the stream keeps its bytes and
+// metadata but gets the new token, reports the old one and its tail, and its producers
+// are closed for their current epoch. Streams in a fork family or with cold chunks are refused.
+func (st *State) rewriteInPlace(c *Command) Result {
+	s := st.Streams[c.Key]
+	switch {
+	case c.NewIncarnation == 0:
+		return fail(Errorf(http.StatusBadRequest, CodeInvalidRequest, "a rewrite needs a new incarnation token"))
+	case s == nil || s.SoftDeleted:
+		return fail(Errorf(http.StatusPreconditionFailed, CodeIncarnationMismatch, "the stream to rewrite does not exist"))
+	case s.Incarnation == c.NewIncarnation:
+		r := Result{Status: http.StatusOK} // a repeat of this rewrite
+		s.configHeaders(&r)
+		s.historyHeaders(&r)
+		return r
+	case s.Incarnation != c.IfIncarnation:
+		return fail(s.mismatch())
+	case s.Fork != nil || s.ForkRefs > 0 || len(s.Chunks) > 0:
+		return fail(Errorf(http.StatusConflict, CodeInvalidRequest, "a stream in a fork family or with cold chunks cannot be rewritten in place"))
+	}
+	s.PreviousIncarnation, s.InheritedOffset = s.Incarnation, s.Tail()
+	s.Incarnation = c.NewIncarnation
+	for _, p := range s.Producers {
+		p.HistoryClosed = true
+	}
+	r := Result{Status: http.StatusOK, Changed: true}
+	s.configHeaders(&r)
+	s.historyHeaders(&r)
 	return r
 }
 

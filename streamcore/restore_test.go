@@ -86,3 +86,53 @@ func TestInlineCold(t *testing.T) {
 		t.Fatalf("got %q chunks %v", got, s.Chunks)
 	}
 }
+
+// An in-place rewrite (IfIncarnation set, no body): the answers of each case.
+func TestRewriteInPlace(t *testing.T) {
+	const inc, next = 1 << 52, 1<<52 + 9
+	setup := func() *State {
+		st := NewState()
+		st.Apply(&Command{Op: OpCreate, Key: "b/s", Now: 1, TTL: -1, ContentType: "text/plain", NewIncarnation: inc})
+		st.Apply(&Command{Op: OpAppend, Key: "b/s", Now: 2, ContentType: "text/plain", Body: []byte("abc")})
+		return st
+	}
+	for _, tc := range []struct {
+		name    string
+		key     string
+		ifInc   uint64
+		newInc  uint64
+		prepare func(*State)
+		status  int
+	}{
+		{"rewrites", "b/s", inc, next, nil, http.StatusOK},
+		{"needs a new token", "b/s", inc, 0, nil, http.StatusBadRequest},
+		{"missing stream", "b/none", inc, next, nil, http.StatusPreconditionFailed},
+		{"other incarnation", "b/s", inc + 1, next, nil, http.StatusPreconditionFailed},
+		{"fork family", "b/s", inc, next, func(st *State) { st.Streams["b/s"].ForkRefs = 1 }, http.StatusConflict},
+		{"repeat", "b/s", inc, next, func(st *State) {
+			st.Apply(&Command{Op: OpRestoreStream, Key: "b/s", Now: 3, IfIncarnation: inc, NewIncarnation: next})
+		}, http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := setup()
+			if tc.prepare != nil {
+				tc.prepare(st)
+			}
+			r := st.Apply(&Command{Op: OpRestoreStream, Key: tc.key, Now: 4, IfIncarnation: tc.ifInc, NewIncarnation: tc.newInc})
+			if r.Status != tc.status {
+				t.Fatalf("status %d (%v), want %d", r.Status, r.Err, tc.status)
+			}
+			s := st.Streams["b/s"]
+			if tc.status != http.StatusOK {
+				if s.Incarnation != inc || s.PreviousIncarnation != 0 {
+					t.Fatal("a refused rewrite changed the stream")
+				}
+				return
+			}
+			if s.Incarnation != next || s.PreviousIncarnation != inc || s.InheritedOffset != 3 ||
+				r.Get(HdrPreviousIncarnation) != incHeader(inc) || r.Get(HdrInheritedOffset) != FormatOffset(3) {
+				t.Fatalf("stream %d/%d/%d headers %v", s.Incarnation, s.PreviousIncarnation, s.InheritedOffset, r.Headers)
+			}
+		})
+	}
+}

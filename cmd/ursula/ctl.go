@@ -39,10 +39,16 @@ Commands:
                           group at a time, wait for it to catch up, promote it to voter
   members remove ID       remove node ID from every group
   observe-unsynced-loss   what this node may have lost in an unclean stop (recovery gates)
-  accept-unsynced-loss    accept the loss a single node reports, so it stops reporting it
+  accept-unsynced-loss    accept the loss a single node reports: every stream's history is
+                          rewritten (new token, producers closed), then it stops reporting it
   purge BUCKET            erase every stream and cold object of BUCKET and fence it for good
                           (later requests answer 404 BUCKET_ERASED); safe to repeat
   usage                   per-bucket appends, bytes in and out, retained and staged bytes
+  restart-group GROUP     restart a raft group that stopped applying (after a fix): it
+                          replays from its latest snapshot, the failed entry first
+
+Every mutation carries the node's process incarnation (read from its metrics first, or
+--incarnation ID), so a node that restarted in between refuses it with 412.
 
 Exit status: 0 on success, 2 on a usage error, 1 otherwise (with a one-line reason).
 `
@@ -56,6 +62,7 @@ type ctl struct {
 	stderr   io.Writer
 	progress bool // stderr is a terminal
 	http     *http.Client
+	inc      string // the node's process incarnation, pinned on mutations
 }
 
 // ctlError is a refusal by the server: its status and JSON error.
@@ -80,6 +87,7 @@ func runCtl(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.node, "node", "http://127.0.0.1:4438", "admin URL of the node")
 	fs.BoolVar(&c.json, "json", false, "print JSON")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "give up waiting after this long")
+	fs.StringVar(&c.inc, "incarnation", "", "the node's process incarnation mutations are pinned to (default: read from its metrics)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -124,6 +132,8 @@ func runCtl(args []string, stdout, stderr io.Writer) int {
 		err = c.purge(rest[0])
 	case cmd == "usage" && len(rest) == 0:
 		err = c.usage()
+	case cmd == "restart-group" && len(rest) == 1:
+		err = c.restartGroup(rest[0])
 	default:
 		fmt.Fprintf(stderr, "ursula ctl: unknown command or wrong arguments: %s\n\n%s", strings.Join(fs.Args(), " "), ctlUsage)
 		return 2
@@ -144,6 +154,18 @@ func (c *ctl) call(method, rawURL string, out any) error {
 		return err
 	}
 	req.Header.Set(server.HdrAdmin, "1") // admin mutations must be explicit
+	if method != http.MethodGet && strings.HasPrefix(rawURL, c.node+"/") {
+		if c.inc == "" {
+			var ms struct {
+				Incarnation string `json:"process_incarnation"`
+			}
+			if err := c.call(http.MethodGet, c.node+"/__ursula/metrics", &ms); err != nil {
+				return fmt.Errorf("read the node's process incarnation: %w", err)
+			}
+			c.inc = ms.Incarnation
+		}
+		req.Header.Set(server.HdrProcessIncarnation, c.inc)
+	}
 	res, err := c.http.Do(req)
 	if err != nil {
 		return err
@@ -251,15 +273,20 @@ func (c *ctl) status() error {
 	if err := c.call(http.MethodGet, c.node+"/__ursula/ready", nil); err != nil {
 		ready = "not ready: " + err.Error()
 	}
-	fmt.Fprintf(c.stdout, "node %d  %s  leads %d of %d groups  drain mark %v  %s\n\n", st.NodeID, st.URL, st.Leading, st.GroupCount, st.DrainMark, ready)
+	fmt.Fprintf(c.stdout, "node %d  %s  leads %d of %d groups  drain mark %v  %s\n", st.NodeID, st.URL, st.Leading, st.GroupCount, st.DrainMark, ready)
+	fmt.Fprintf(c.stdout, "raft log %d of budget %d bytes (pressure %v)  leader balancer %v\n\n", st.RaftLogBytes, st.RaftLogBudget, st.RaftLogPressure, st.Balancer)
 	tw := tabwriter.NewWriter(c.stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "GROUP\tSTATE\tLEADER\tTERM\tLAST\tCOMMIT\tAPPLIED\tLAG\tGATE\tSTREAMS")
+	fmt.Fprintln(tw, "GROUP\tSTATE\tLEADER\tTERM\tLAST\tCOMMIT\tAPPLIED\tLAG\tGATE\tSTREAMS\tAPPLY")
 	for _, g := range st.Groups {
 		lag := uint64(0)
 		if g.CommitIndex > g.AppliedIndex {
 			lag = g.CommitIndex - g.AppliedIndex
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\n", g.Group, g.State, g.LeaderID, g.Term, g.LastIndex, g.CommitIndex, g.AppliedIndex, lag, g.RecoveryGate, g.Streams)
+		apply := "running"
+		if f := g.ApplyFailure; f != nil {
+			apply = fmt.Sprintf("STOPPED at %d (%s: %s)", f.Index, f.Kind, oneLine(f.Message))
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%s\n", g.Group, g.State, g.LeaderID, g.Term, g.LastIndex, g.CommitIndex, g.AppliedIndex, lag, g.RecoveryGate, g.Streams, apply)
 	}
 	return tw.Flush()
 }
@@ -486,4 +513,32 @@ func (c *ctl) acceptLoss() error {
 		return err
 	}
 	return c.printRecovery(raw)
+}
+
+func (c *ctl) restartGroup(arg string) error {
+	g, err := strconv.ParseUint(arg, 10, 64)
+	if err != nil {
+		return fmt.Errorf("GROUP must be a group number, not %q", arg)
+	}
+	var rep raftengine.GroupRestart
+	var raw json.RawMessage
+	if err := c.call(http.MethodPost, fmt.Sprintf("%s/__ursula/raft/%d/restart", c.node, g), &raw); err != nil {
+		return err
+	}
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		return err
+	}
+	if c.json {
+		c.printJSON(raw)
+	} else if rep.Outcome == "resumed" {
+		fmt.Fprintf(c.stdout, "group %d resumed: replayed %d entries after snapshot %d, applied index %d\n", g, rep.Replayed, rep.FromSnapshot, rep.AppliedIndex)
+	}
+	if rep.Outcome != "resumed" {
+		msg := "still stopped"
+		if f := rep.Failure; f != nil {
+			msg = fmt.Sprintf("still stopped at index %d (%s: %s)", f.Index, f.Kind, f.Message)
+		}
+		return fmt.Errorf("group %d %s", g, msg)
+	}
+	return nil
 }

@@ -190,6 +190,10 @@ type fileConfig struct {
 		HeartbeatTimeoutMs     int    `toml:"heartbeat_timeout_ms"`
 		SnapshotThreshold      uint64 `toml:"snapshot_threshold"`
 		TrailingLogs           uint64 `toml:"trailing_logs"`
+		// Raft-log budget in bytes (default 1 GiB): writes with a body are refused over twice it.
+		SnapshotLogBudget int64 `toml:"snapshot_log_budget"`
+		// Leadership balancer interval ("30s" by default, "0" turns it off).
+		LeaderBalanceInterval string `toml:"leader_balance_interval"`
 		// Mutual TLS of the peer transport (security.go): the cluster CA and this node's pair.
 		TLSCAFile   string `toml:"tls_ca_file"`
 		TLSCertFile string `toml:"tls_cert_file"`
@@ -486,11 +490,22 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, joining bool, sec *securi
 		}
 		cfg.Listener = ln
 	}
+	balance := 30 * time.Second
+	if v := rc.LeaderBalanceInterval; v == "0" {
+		balance = 0
+	} else if v != "" {
+		if balance, err = time.ParseDuration(v); err != nil || balance < 0 {
+			nl.Close()
+			return nil, nil, fmt.Errorf("raft.leader_balance_interval: %q is not a duration such as \"30s\" (\"0\": off)", v)
+		}
+	}
 	e, err := raftengine.Open(cfg)
 	if err != nil {
 		nl.Close()
 		return nil, nil, err
 	}
+	e.SetRaftLogBudget(rc.SnapshotLogBudget)
+	e.SetLeaderBalance(balance)
 	logger.Info("raft engine", "node_id", rc.NodeID, "groups", e.GroupCount(), "voters", len(peers), "wal", walDir, "fsync", fsync.String())
 	return e, func() {
 		e.Close()

@@ -132,7 +132,14 @@ func (g *group) lead(ctx context.Context, p *proposal) {
 	case len(batch) == 1:
 		batch[0].res, batch[0].err = answer(resp)
 	default:
-		rs, _ := resp.(batchAnswer)
+		rs, ok := resp.(batchAnswer)
+		if !ok {
+			// Not a batch's answer: the group refused the whole entry (APPLY_STOPPED).
+			for _, q := range batch {
+				q.res, q.err = answer(resp)
+			}
+			break
+		}
 		for i, q := range batch {
 			if i >= len(rs) {
 				q.err = errors.New("raftengine: batch answer is short")

@@ -25,7 +25,7 @@
 // Not implemented yet (see the README's cluster section): the recovery gate and vote floor
 // that keep a node which may have lost acknowledged entries under fsync=never from voting;
 // learners and membership changes (the voter set is static); forwarding of reads from
-// followers to the leader (followers redirect instead); a leadership balancer.
+// followers to the leader (followers redirect instead).
 package raftengine
 
 import (
@@ -243,10 +243,15 @@ func serverID(id uint64) raft.ServerID { return raft.ServerID(strconv.FormatUint
 
 func (e *Engine) openGroup(id uint64) (*group, error) {
 	g := &group{Partition: engine.NewPartition(streamcore.NewState()), id: id, e: e, aliases: map[string]bool{}}
-	logs, stable, err := e.cfg.Stores(id)
+	rawLogs, stable, err := e.cfg.Stores(id)
 	if err != nil {
 		return nil, err
 	}
+	logs, err := newSizedLog(rawLogs) // Raft-log pressure (logpressure.go)
+	if err != nil {
+		return nil, err
+	}
+	g.logs = logs
 	var snaps raft.SnapshotStore
 	if e.cfg.Dir != "" {
 		if id == 0 {
@@ -273,7 +278,7 @@ func (e *Engine) openGroup(id uint64) (*group, error) {
 	} else {
 		_, trans = raft.NewInmemTransport(raft.ServerAddress(fmt.Sprintf("node-%d", e.cfg.NodeID)))
 	}
-	g.trans = trans
+	g.trans, g.snaps = trans, snaps
 	trans = &gateTransport{Transport: trans, g: g}
 	rc := raft.DefaultConfig()
 	rc.LocalID = serverID(e.cfg.NodeID)
@@ -390,6 +395,9 @@ func (e *Engine) leaderErr(g *group, proposed bool) error {
 // Propose implements engine.Engine.
 func (e *Engine) Propose(ctx context.Context, c *streamcore.Command) (streamcore.Result, error) {
 	g := e.route(c)
+	if err := g.admit(c); err != nil {
+		return streamcore.Result{}, err // stopped group, log pressure (applystop.go)
+	}
 	if g.r.State() != raft.Leader {
 		return streamcore.Result{}, e.leaderErr(g, false)
 	}
@@ -573,17 +581,24 @@ type GroupStatus struct {
 	// unclean stop (it neither votes nor campaigns), else "open".
 	RecoveryGate     string `json:"recovery_gate"`
 	GateRefusedVotes uint64 `json:"gate_refused_votes,omitempty"`
+	// ApplyFailure: the group stopped applying at this entry (applystop.go).
+	ApplyFailure *ApplyFailure `json:"apply_failure,omitempty"`
 }
 
 // Status is GET /__ursula/raft/status.
 type Status struct {
-	NodeID     uint64        `json:"node_id"`
-	URL        string        `json:"url,omitempty"`       // this node's client URL
-	RaftAddr   string        `json:"raft_addr,omitempty"` // this node's cluster address
-	DrainMark  bool          `json:"drain_mark"`
-	GroupCount int           `json:"group_count"`
-	Leading    int           `json:"leading"`
-	Groups     []GroupStatus `json:"groups"`
+	NodeID     uint64 `json:"node_id"`
+	URL        string `json:"url,omitempty"`       // this node's client URL
+	RaftAddr   string `json:"raft_addr,omitempty"` // this node's cluster address
+	DrainMark  bool   `json:"drain_mark"`
+	GroupCount int    `json:"group_count"`
+	Leading    int    `json:"leading"`
+	// Raft-log pressure (logpressure.go) and the leadership balancer (balance.go).
+	RaftLogBytes    int64         `json:"raft_log_bytes"`
+	RaftLogBudget   int64         `json:"raft_log_budget"`
+	RaftLogPressure bool          `json:"raft_log_pressure"`
+	Balancer        bool          `json:"balancer"`
+	Groups          []GroupStatus `json:"groups"`
 
 	// DiskPressure says why this node's journal takes no writes ("" when it does);
 	// PressureTransfers counts leaderships it handed off for that, LogTrims the snapshots
@@ -597,12 +612,14 @@ type Status struct {
 func (e *Engine) RaftStatus() any {
 	st := Status{NodeID: e.cfg.NodeID, URL: e.self.URL, RaftAddr: e.selfRaftAddr(), DrainMark: e.life.drainMark.Load(), GroupCount: len(e.groups),
 		DiskPressure: e.DiskPressure(), PressureTransfers: e.disk.transfers.Load(), LogTrims: e.disk.trims.Load()}
+	st.RaftLogBytes, st.RaftLogBudget, st.RaftLogPressure = e.RaftLogPressure()
+	st.Balancer = e.balancerOn()
 	for _, g := range e.groups {
 		_, id := g.r.LeaderWithID()
 		lp, _ := e.peerByID(id)
 		gs := GroupStatus{Group: g.id, State: g.r.State().String(), LeaderID: string(id), LeaderURL: lp.URL,
 			Term: g.r.CurrentTerm(), LastIndex: g.r.LastIndex(), CommitIndex: g.r.CommitIndex(), AppliedIndex: g.r.AppliedIndex(),
-			RecoveryGate: gateName(g.gated.Load()), GateRefusedVotes: g.gateRefusedVotes.Load()}
+			RecoveryGate: gateName(g.gated.Load()), GateRefusedVotes: g.gateRefusedVotes.Load(), ApplyFailure: g.stop.Load()}
 		gs.Streams, _ = g.Count()
 		if g.r.State() == raft.Leader {
 			st.Leading++

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"sync"
 	"sync/atomic"
 
 	"github.com/hashicorp/raft"
@@ -43,85 +44,128 @@ type group struct {
 	barrierRunning atomic.Bool
 	caughtUp       atomic.Bool // a follower applied all it knew committed once (readiness)
 
+	// Apply-failure isolation (applystop.go): applyMu serialises Apply, Snapshot and
+	// Restore with a restart's replay; seen is the last index raft handed to Apply.
+	applyMu sync.Mutex
+	stop    atomic.Pointer[ApplyFailure]
+	seen    atomic.Uint64
+	logs    *sizedLog
+	snaps   raft.SnapshotStore
+
 	hadState         bool        // the replica held Raft state when the node started
 	gated            atomic.Bool // recovery gate closed: no votes, no campaigns, no transfers to it
 	gateRefusedVotes atomic.Uint64
 }
 
-// Apply implements raft.FSM.
+// Apply implements raft.FSM. An entry the group cannot apply (a panic, an entry this
+// build cannot decode, an injected fault) stops the group (applystop.go): this entry and
+// every later one stay unapplied until the group restarts, never skipped.
 func (g *group) Apply(l *raft.Log) any {
-	defer g.applied.Store(l.Index)
+	g.applyMu.Lock()
+	defer g.applyMu.Unlock()
+	g.seen.Store(l.Index)
+	if f := g.stop.Load(); f != nil {
+		return applyStoppedError(f, false)
+	}
+	res, fail := g.applyEntry(l)
+	if fail != nil {
+		g.stopApply(l, fail)
+		return applyStoppedError(fail, false)
+	}
+	g.applied.Store(l.Index)
+	return res
+}
+
+// applyEntry applies one entry to the state; a failure leaves the group to be stopped.
+func (g *group) applyEntry(l *raft.Log) (res any, fail *ApplyFailure) {
+	defer func() {
+		if v := recover(); v != nil {
+			res, fail = nil, &ApplyFailure{Kind: "panic", Message: fmt.Sprint(v)}
+		}
+	}()
 	if l.Type != raft.LogCommand || len(l.Data) == 0 {
-		return nil
+		return nil, nil
+	}
+	if h := g.e.life.applyFault.Load(); h != nil {
+		if err := (*h)(g.id, l); err != nil {
+			return nil, &ApplyFailure{Kind: "fault", Message: err.Error()}
+		}
 	}
 	switch l.Data[0] {
 	case entryCommand:
 		c, err := streamcore.DecodeCommand(l.Data[1:])
 		if err != nil {
-			// A committed entry this build cannot read: refuse it the same way on every
-			// replica (state unchanged) and say so.
-			g.e.cfg.Logger.Error("raft entry not decodable", "group", g.id, "index", l.Index, "err", err)
-			return fmt.Errorf("raftengine: entry %d of group %d: %w", l.Index, g.id, err)
+			// A committed entry this build cannot read: the group stops here on every
+			// replica running this build, until a build that reads it restarts it.
+			return nil, &ApplyFailure{Kind: "decode", Message: err.Error()}
 		}
-		return g.applyCommand(c)
+		return g.applyCommand(c), nil
 	case entryBatch:
 		cmds, err := decodeBatch(l.Data[1:])
 		if err != nil {
-			g.e.cfg.Logger.Error("raft entry not decodable", "group", g.id, "index", l.Index, "err", err)
-			return fmt.Errorf("raftengine: entry %d of group %d: %w", l.Index, g.id, err)
+			return nil, &ApplyFailure{Kind: "decode", Message: err.Error()}
 		}
-		out := make(batchAnswer, len(cmds))
+		out := make([]*streamcore.Command, len(cmds))
 		for i, b := range cmds {
 			c, err := streamcore.DecodeCommand(b)
 			if err != nil {
-				g.e.cfg.Logger.Error("raft entry not decodable", "group", g.id, "index", l.Index, "command", i, "err", err)
-				out[i] = fmt.Errorf("raftengine: entry %d of group %d, command %d: %w", l.Index, g.id, i, err)
-				continue
+				// Never skip a command: decode them all first, so a bad one stops the
+				// group at this entry with nothing of it applied, and a restart replays it whole.
+				return nil, &ApplyFailure{Kind: "decode", Message: fmt.Sprintf("command %d: %v", i, err)}
 			}
-			out[i] = g.applyCommand(c)
+			out[i] = c
 		}
-		return out
+		res := make(batchAnswer, len(cmds))
+		for i, c := range out {
+			res[i] = g.applyCommand(c)
+		}
+		return res, nil
 	case entrySweep:
 		now, n := binary.Varint(l.Data[1:])
 		if n <= 0 {
-			return nil
+			return nil, nil
 		}
-		g.Lock()
-		st := g.StateLocked()
-		before := len(st.Streams)
-		st.Sweep(now)
-		changed := len(st.Streams) != before
-		g.RecountHotLocked()
-		wakes := g.afterStructural(changed)
-		g.Unlock()
+		var wakes []chan struct{}
+		func() {
+			g.Lock()
+			defer g.Unlock()
+			st := g.StateLocked()
+			before := len(st.Streams)
+			st.Sweep(now)
+			changed := len(st.Streams) != before
+			g.RecountHotLocked()
+			wakes = g.afterStructural(changed)
+		}()
 		engine.Wake(wakes...)
 	default:
-		// A kind this build does not know (written by a newer one): refuse it the same
-		// way on every replica and say so.
-		g.e.cfg.Logger.Error("raft entry of unknown kind", "group", g.id, "index", l.Index, "kind", l.Data[0])
-		return fmt.Errorf("raftengine: entry %d of group %d has unknown kind %q", l.Index, g.id, l.Data[0])
+		// A kind this build does not know (written by a newer one): the group stops here
+		// until a build that knows it restarts it; never skipped.
+		return nil, &ApplyFailure{Kind: "decode", Message: fmt.Sprintf("entry of unknown kind %d", l.Data[0])}
 	}
-	return nil
+	return nil, nil
 }
 
 func (g *group) applyCommand(c *streamcore.Command) streamcore.Result {
-	g.Lock()
-	forks := g.StateLocked().InvolvesForks(c)
-	res := g.ApplyLocked(c)
-	if forks {
-		g.RecountHotLocked() // a cascade may have touched other streams
-	}
+	var res streamcore.Result
 	var wakes []chan struct{}
-	switch {
-	case forks:
-		// A fork create or a removal in a fork family may cascade to other streams and
-		// change aliases: recompute them and wake every watcher of the group.
-		wakes = g.afterStructural(res.Changed)
-	case res.Changed:
-		g.aliasKey(c.Key)
-		wakes = []chan struct{}{g.TakeWatcherLocked(c.Key)}
-	}
-	g.Unlock()
+	func() {
+		g.Lock()
+		defer g.Unlock() // a panic while applying must not leave the partition locked
+		forks := g.StateLocked().InvolvesForks(c)
+		res = g.ApplyLocked(c)
+		if forks {
+			g.RecountHotLocked() // a cascade may have touched other streams
+		}
+		switch {
+		case forks:
+			// A fork create or a removal in a fork family may cascade to other streams and
+			// change aliases: recompute them and wake every watcher of the group.
+			wakes = g.afterStructural(res.Changed)
+		case res.Changed:
+			g.aliasKey(c.Key)
+			wakes = []chan struct{}{g.TakeWatcherLocked(c.Key)}
+		}
+	}()
 	engine.Wake(wakes...)
 	return res
 }
@@ -167,6 +211,12 @@ func (g *group) afterStructural(changed bool) []chan struct{} {
 // metadata (streamcore.CaptureState shares the append-only stream bytes); Persist encodes
 // and writes it while commands keep applying.
 func (g *group) Snapshot() (raft.FSMSnapshot, error) {
+	g.applyMu.Lock()
+	defer g.applyMu.Unlock()
+	if f := g.stop.Load(); f != nil {
+		// The state lacks the failed entry: a snapshot would let raft compact it away.
+		return nil, fmt.Errorf("raftengine: group %d stopped applying at index %d: no snapshot until it restarts", g.id, f.Index)
+	}
 	g.RLock()
 	st := streamcore.CaptureState(g.StateLocked())
 	g.RUnlock()
@@ -176,6 +226,16 @@ func (g *group) Snapshot() (raft.FSMSnapshot, error) {
 // Restore implements raft.FSM.
 func (g *group) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
+	g.applyMu.Lock()
+	defer g.applyMu.Unlock()
+	if f := g.stop.Load(); f != nil {
+		return fmt.Errorf("raftengine: group %d stopped applying at index %d: restart it first", g.id, f.Index)
+	}
+	return g.restoreFrom(rc)
+}
+
+// restoreFrom replaces the state with a snapshot's. Called with applyMu held.
+func (g *group) restoreFrom(rc io.Reader) error {
 	b, err := io.ReadAll(rc)
 	if err != nil {
 		return err

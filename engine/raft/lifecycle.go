@@ -22,6 +22,7 @@ package raftengine
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -36,6 +37,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/ursula-go/ursula/engine"
+	"github.com/ursula-go/ursula/streamcore"
 )
 
 // Peer-channel ops of this file (peer.go): a membership change forwarded to the group's
@@ -43,6 +45,7 @@ import (
 const (
 	peerMember      byte = 'M'
 	peerCommitIndex byte = 'C'
+	peerIsMember    byte = 'W' // does the group's leader list this node? (removal while down)
 )
 
 const (
@@ -68,6 +71,10 @@ type lifecycle struct {
 
 	memberMu sync.Mutex
 	member   map[uint64]bool // groups whose configuration listed this node
+
+	applyFault atomic.Pointer[ApplyFault] // tests: refuse to apply entries (applystop.go)
+	press      logPressure                // the node's Raft-log budget (logpressure.go)
+	balance    balancer                   // leadership balancer (balance.go)
 }
 
 func (e *Engine) lifePath(name string) string { return filepath.Join(e.cfg.Dir, name) }
@@ -79,6 +86,9 @@ func (e *Engine) openLifecycle(single bool) error {
 	l.book = map[raft.ServerID]Peer{}
 	l.member = map[uint64]bool{}
 	l.bootID = bootID()
+	if l.press.budget.Load() == 0 {
+		l.press.budget.Store(DefaultRaftLogBudget)
+	}
 	if e.cfg.Dir == "" {
 		return nil
 	}
@@ -321,9 +331,23 @@ func (e *Engine) lifecycleLoop() {
 				}
 			}
 		}
+		e.checkLogPressure()
+		if !e.life.single {
+			for _, g := range e.groups {
+				// A group stopped here may apply fine on the other replicas: let one of
+				// them lead it.
+				if g.stop.Load() != nil && g.r.State() == raft.Leader {
+					g.r.LeadershipTransfer()
+				}
+			}
+		}
 		if tick%4 == 0 {
 			e.watchMembership()
 		}
+		if tick%20 == 19 && !e.life.single && !e.life.removed.Load() && !e.cfg.Join {
+			e.askMembership()
+		}
+		e.balanceTick(tick)
 	}
 }
 
@@ -377,12 +401,45 @@ func (e *Engine) watchMembership() {
 		}
 		e.life.memberMu.Unlock()
 		if was && !listed && len(servers) > 0 && !e.life.removed.Load() {
-			e.life.removed.Store(true)
-			e.cfg.Logger.Error("this node was removed from the cluster", "group", g.id)
-			if e.cfg.Dir != "" {
-				writeFileSync(e.lifePath(removedFile), fmt.Sprintf("removed from group %d at %s", g.id, time.Now().UTC().Format(time.RFC3339)))
-			}
+			e.markRemoved(g.id, "its configuration no longer lists this node")
 		}
+	}
+}
+
+// askMembership finds out whether this node was removed while it was down: a removed
+// replica hears from no leader (the leaders no longer send to it), so for a group without
+// a known leader it asks the other members whether the group's leader still lists it.
+func (e *Engine) askMembership() {
+	for _, g := range e.groups {
+		if addr, _ := g.r.LeaderWithID(); addr != "" {
+			continue
+		}
+		for _, p := range e.knownPeers() {
+			if p.ID == e.cfg.NodeID {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			ans, err := e.ask(ctx, p, peerIsMember, binary.AppendUvarint(binary.AppendUvarint(nil, g.id), e.cfg.NodeID))
+			cancel()
+			if err != nil || len(ans) != 1 {
+				continue
+			}
+			if ans[0] == 0 {
+				e.markRemoved(g.id, fmt.Sprintf("the leader of group %d (node %d) no longer lists this node", g.id, p.ID))
+				return
+			}
+			break
+		}
+	}
+}
+
+func (e *Engine) markRemoved(group uint64, why string) {
+	if e.life.removed.Swap(true) {
+		return
+	}
+	e.cfg.Logger.Error("this node was removed from the cluster; it refuses to act as a member (start a new node with an empty data directory and a new node id)", "group", group, "why", why)
+	if e.cfg.Dir != "" {
+		writeFileSync(e.lifePath(removedFile), fmt.Sprintf("removed from group %d at %s: %s", group, time.Now().UTC().Format(time.RFC3339), why))
 	}
 }
 
@@ -503,6 +560,28 @@ func (e *Engine) serveLifecyclePeer(op byte, payload []byte) (byte, []byte) {
 			return 1, []byte(err.Error())
 		}
 		return 0, nil
+	case peerDrainState:
+		return 0, []byte{e.drainState()}
+	case peerIsMember:
+		group, n := binary.Uvarint(payload)
+		if n <= 0 || group >= uint64(len(e.groups)) {
+			return 1, []byte("no such group")
+		}
+		node, m := binary.Uvarint(payload[n:])
+		g := e.groups[group]
+		if m <= 0 || g.r.State() != raft.Leader {
+			return 1, []byte("not the leader of the group")
+		}
+		f := g.r.GetConfiguration()
+		if err := f.Error(); err != nil {
+			return 1, []byte(err.Error())
+		}
+		for _, s := range f.Configuration().Servers {
+			if s.ID == serverID(node) {
+				return 0, []byte{1}
+			}
+		}
+		return 0, []byte{0}
 	case peerCommitIndex:
 		group, n := binary.Uvarint(payload)
 		if n <= 0 || group >= uint64(len(e.groups)) {
@@ -623,6 +702,7 @@ type Recovery struct {
 	// writes acknowledged from the page cache (fsync=never) may be gone.
 	UnsyncedLossPossible bool            `json:"unsynced_loss_possible"`
 	Outcome              string          `json:"outcome,omitempty"`
+	Rewrite              *HistoryRewrite `json:"history_rewrite,omitempty"`
 	Groups               []GroupRecovery `json:"groups"`
 }
 
@@ -646,12 +726,70 @@ func (e *Engine) AcceptUnsyncedLoss() (any, error) {
 	if !e.life.lossPossible.Load() {
 		return nil, ErrNothingToAccept
 	}
+	rw := e.rewriteHistories()
 	e.life.lossPossible.Store(false)
 	e.life.accepted.Store(true)
-	e.cfg.Logger.Warn("possible unsynced loss accepted by the operator")
+	e.cfg.Logger.Warn("possible unsynced loss accepted by the operator: stream histories rewritten", "rewritten", rw.Rewritten, "refused", len(rw.Refused))
 	r := e.RecoveryReport().(Recovery)
 	r.Outcome = "accepted"
+	r.Rewrite = &rw
 	return r, nil
+}
+
+// HistoryRewrite is what accept-unsynced-loss did to the streams.
+type HistoryRewrite struct {
+	Rewritten int               `json:"rewritten_streams"`
+	Refused   map[string]string `json:"refused,omitempty"` // key -> why
+}
+
+// rewriteHistories gives every stream of every group that held state before the unclean
+// stop a history rewrite (extensions spec 2.4, 5.3): a new incarnation token,
+// Stream-Previous-Incarnation and Stream-Inherited-Offset, and its producers closed with
+// epoch-closed;by=history, so a reader or a producer that saw bytes the host crash took
+// learns the history changed instead of silently diverging. One OpRestoreStream per
+// stream (in place: IfIncarnation names its current token).
+func (e *Engine) rewriteHistories() HistoryRewrite {
+	out := HistoryRewrite{Refused: map[string]string{}}
+	for _, g := range e.groups {
+		if !g.hadState {
+			continue
+		}
+		type cur struct {
+			key string
+			inc uint64
+		}
+		var todo []cur
+		g.RLock()
+		for k, s := range g.StateLocked().Streams {
+			if !s.SoftDeleted {
+				todo = append(todo, cur{k, s.Incarnation})
+			}
+		}
+		g.RUnlock()
+		for _, c := range todo {
+			ctx, cancel := context.WithTimeout(context.Background(), e.cfg.ApplyTimeout)
+			res, err := e.Propose(ctx, &streamcore.Command{Op: streamcore.OpRestoreStream, Key: c.key, Now: time.Now().UnixMilli(),
+				IfIncarnation: c.inc, NewIncarnation: newIncarnation()})
+			cancel()
+			switch {
+			case err != nil:
+				out.Refused[c.key] = err.Error()
+			case res.Err != nil:
+				out.Refused[c.key] = res.Err.Error()
+			default:
+				out.Rewritten++
+			}
+		}
+	}
+	return out
+}
+
+// newIncarnation is a random incarnation token of the form the server issues (a safe
+// JSON integer with bit 52 set).
+func newIncarnation() uint64 {
+	var b [8]byte
+	rand.Read(b[:])
+	return 1<<52 | binary.LittleEndian.Uint64(b[:])&(1<<52-1)
 }
 
 // gateTransport is a group's Raft transport behind its recovery gate (see the file

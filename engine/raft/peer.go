@@ -198,7 +198,7 @@ func (e *Engine) servePeer(c net.Conn) {
 		answer = e.localColdRefs(payload)
 	case peerPurge:
 		status, answer = e.servePurge(payload)
-	case peerMember, peerCommitIndex:
+	case peerMember, peerCommitIndex, peerDrainState, peerIsMember:
 		status, answer = e.serveLifecyclePeer(op, payload)
 	default:
 		status, answer = 1, []byte("unknown peer request")
