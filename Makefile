@@ -4,7 +4,7 @@ BIN      := bin
 ADDR     ?= 127.0.0.1:4437
 export GOFLAGS := -buildvcs=false
 
-.PHONY: run build test unit vet fmt-check conformance conformance-cold conformance-deps s3-deps bench fuzz clean cluster extension bindings-deps bindings-test
+.PHONY: run build test unit vet fmt-check conformance conformance-cold conformance-deps s3-deps bench fuzz clean cluster extension bindings-deps bindings-test faultproxy soak
 
 build:
 	$(GO) build -o $(BIN)/ursula ./cmd/ursula
@@ -27,8 +27,12 @@ bindings-deps:
 	@test -f bindings/node/node_modules/better-sqlite3/build/Release/better_sqlite3.node || \
 	  (cd bindings/node && npm_config_nodedir=$(NODE_DIR) npm ci --no-audit --no-fund)
 
+## faultproxy: the fault proxy as a command (bin/faultproxy), for the Python binding's mixed-fault run
+faultproxy:
+	$(GO) build -o $(BIN)/faultproxy ./test/faultproxy/cmd/faultproxy
+
 ## bindings-test: the Python and Node bindings on the extension, against a real server each test starts
-bindings-test: build extension bindings-deps
+bindings-test: build extension faultproxy bindings-deps
 	cd bindings/python && URSULA_BIN=$(CURDIR)/$(BIN)/ursula URSULA_VFS_EXTENSION=$(CURDIR)/$(BIN)/libursula_vfs.so /usr/bin/python3 -m unittest discover -s tests -v
 	cd bindings/node && URSULA_BIN=$(CURDIR)/$(BIN)/ursula URSULA_VFS_EXTENSION=$(CURDIR)/$(BIN)/libursula_vfs.so node --test test/
 
@@ -87,6 +91,12 @@ bench: build conformance-deps s3-deps
 	@echo "== commit latency: SQLite extension (Python) vs pure-Go adapter (vfs.Open), same server, vs plain local SQLite"
 	$(MAKE) extension
 	$(GO) run ./cextension/bench -n 2000 -ursula $(BIN)/ursula -extension $(BIN)/libursula_vfs.so
+
+## soak: the mixed-fault commit runs at length (URSULA_FAULT_COMMITS commits each): pure-Go vfs.Open, then the extension through Python
+SOAK_COMMITS ?= 3000
+soak: build extension faultproxy
+	URSULA_FAULT_COMMITS=$(SOAK_COMMITS) $(GO) test -race -count=1 -timeout 60m -run '^TestMixedFaultsNeverDiverge$$' -v ./vfs/ | grep -vE '^sqlite-ursula-vfs '
+	cd bindings/python/tests && URSULA_FAULT_COMMITS=$(SOAK_COMMITS) URSULA_BIN=$(CURDIR)/$(BIN)/ursula URSULA_VFS_EXTENSION=$(CURDIR)/$(BIN)/libursula_vfs.so /usr/bin/python3 -m unittest -v test_sqlite_ursula.MixedFaultTest
 
 ## fuzz: run every fuzz target for FUZZTIME each
 FUZZTIME ?= 20s
