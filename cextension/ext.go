@@ -8,9 +8,6 @@ package main
 import "C"
 
 import (
-	"bytes"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,7 +15,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/cgo"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -204,38 +200,6 @@ func ursulaWalTruncate(h C.uintptr_t) {
 
 // ---- SQL functions ----------------------------------------------------------------------
 
-var (
-	clientOnce   sync.Once
-	sharedClient *client.Client
-)
-
-// processClient is the one client every attach of this process uses, so that
-// ursula_set_token reaches all of them. It reads the same URSULA_VFS_* settings as the
-// replicator's default client.
-func processClient() *client.Client {
-	clientOnce.Do(func() {
-		tr, err := client.NewTransportWithCA(os.Getenv("URSULA_VFS_CA_FILE"))
-		if err != nil {
-			// An unreadable CA file must not fall back to trusting the system roots.
-			logEvent("error", "ca_file_unreadable", "err=%q", err.Error())
-			tr = client.NewTransport()
-			tr.TLSClientConfig = &tls.Config{RootCAs: x509.NewCertPool()}
-		}
-		if ms, err := strconv.Atoi(os.Getenv("URSULA_VFS_IDLE_MS")); err == nil && ms > 0 {
-			tr.IdleConnTimeout = time.Duration(ms) * time.Millisecond
-		}
-		sharedClient, _ = client.New("", client.WithHTTPClient(&http.Client{Transport: tr}))
-		if p := os.Getenv("URSULA_VFS_TOKEN_FILE"); p != "" {
-			if b, err := os.ReadFile(p); err == nil {
-				sharedClient.SetToken(string(bytes.TrimSpace(b)))
-			} else {
-				logEvent("warn", "token_file_unreadable", "file=%q err=%q", p, err.Error())
-			}
-		}
-	})
-	return sharedClient
-}
-
 // fnError formats an error as "<function>: <kind>: <message>" with its SQLite code.
 func fnError(fn string, err error) (string, C.int) {
 	e, ok := replicator.AsError(err)
@@ -373,7 +337,7 @@ func attach(path, url string, readOnly bool) (uint64, error) {
 		return 0, setupErr(replicator.KindInUse, "%s is open in this process outside the ursula VFS (or was opened before ursula_attach): close it first", abs)
 	}
 
-	db, err := sqlitewal.Attach(abs, url, sqlitewal.AttachOptions{ReadOnly: readOnly, Client: processClient()})
+	db, err := sqlitewal.Attach(abs, url, sqlitewal.AttachOptions{ReadOnly: readOnly})
 	if err != nil {
 		if e, ok := replicator.AsError(err); !ok || !refusalChangesNothing(e.Kind) {
 			mu.Lock()
@@ -502,5 +466,5 @@ func ursulaStatus(cpath *C.char, stats C.int, rc *C.int) (out *C.char) {
 //
 //export ursulaSetToken
 func ursulaSetToken(ctok *C.char) {
-	processClient().SetToken(C.GoString(ctok))
+	replicator.SetToken(C.GoString(ctok))
 }

@@ -408,3 +408,92 @@ print("reattached", c.execute("SELECT group_concat(x) FROM t").fetchone()[0])
 		}
 	}
 }
+
+// TestPythonSettingEvents (checklist-vfs S178, S179, S181, T25, T34, T35): the extension
+// logs the settings events the pure-Go adapter logs, from the same code
+// (replicator.NewClient and the replica's defaults), at their levels:
+//   - URSULA_VFS_MAX_FRAME_BYTES that is not a number: setting_adjusted (warn) once, with
+//     the value used instead;
+//   - a token about to go over plain http to a host that is not this machine:
+//     token_in_clear (warn) once. The host is a name only the outbound proxy (HTTP_PROXY,
+//     on loopback, forwarding to the real server) knows, so nothing leaves the machine;
+//   - URSULA_VFS_CA_FILE unreadable: ca_file_unreadable (error), and without a
+//     certificate ca_file_without_certificates (error); the attach fails (local_setup)
+//     rather than trust the system roots.
+//
+// dns_stale comes from the same client (replicator.NewClient wires the transport's
+// stale-address report, TestDNSStaleEvent and client's TestDNSRules check it); a failing
+// resolver cannot be injected into another process without a DNS server.
+func TestPythonSettingEvents(t *testing.T) {
+	e := setup(t)
+	target, _ := url.Parse(e.base)
+	var proxied atomic.Int64
+	rp := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target)
+		r.Out.Host = r.In.Host
+	}}
+	fwd := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		proxied.Add(1)
+		rp.ServeHTTP(w, r)
+	}))
+	defer fwd.Close()
+	events := func(out, name string) []string {
+		var lines []string
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, "sqlite-ursula-vfs ") && strings.Contains(l, " event="+name+" ") {
+				lines = append(lines, l)
+			}
+		}
+		return lines
+	}
+	out := python(t, e, []string{"HTTP_PROXY=" + fwd.URL, "http_proxy=" + fwd.URL, "NO_PROXY=", "no_proxy=", "URSULA_VFS_MAX_FRAME_BYTES=lots"}, `
+q("SELECT ursula_set_token('secret')")
+p = os.path.join(DIR, "clear.db")
+q("SELECT ursula_attach(?, ?)", p, "http://db.example.test/pyevents/clear")
+c = sqlite3.connect(p, isolation_level=None)
+c.execute("CREATE TABLE t(x)")
+for i in range(3):
+    c.execute("INSERT INTO t VALUES (?)", (i,))
+print("rows", c.execute("SELECT count(*) FROM t").fetchone()[0])
+`)
+	if !strings.Contains(out, "rows 3") || proxied.Load() == 0 {
+		t.Fatalf("the commits did not go through the proxy (%d requests):\n%s", proxied.Load(), out)
+	}
+	if ev := events(out, "token_in_clear"); len(ev) != 1 || !strings.Contains(ev[0], "level=warn") {
+		t.Fatalf("token_in_clear events %q in:\n%s", ev, out)
+	}
+	if ev := events(out, "setting_adjusted"); len(ev) != 1 || !strings.Contains(ev[0], "level=warn") ||
+		!strings.Contains(ev[0], "setting=URSULA_VFS_MAX_FRAME_BYTES") || !strings.Contains(ev[0], "used=33554432") {
+		t.Fatalf("setting_adjusted events %q in:\n%s", ev, out)
+	}
+	// Over loopback the same token is not in the clear.
+	out = python(t, e, nil, `
+q("SELECT ursula_set_token('secret')")
+p = os.path.join(DIR, "loop.db")
+q("SELECT ursula_attach(?, ?)", p, BASE + "/pyevents/loop")
+sqlite3.connect(p, isolation_level=None).execute("CREATE TABLE t(x)")
+print("done")
+`)
+	if ev := events(out, "token_in_clear"); len(ev) != 0 || !strings.Contains(out, "done") {
+		t.Fatalf("over loopback: token_in_clear events %q in:\n%s", ev, out)
+	}
+
+	junk := filepath.Join(e.dir, "junk.pem")
+	os.WriteFile(junk, []byte("not a certificate\n"), 0o600)
+	for _, c := range []struct{ file, event string }{
+		{filepath.Join(e.dir, "missing.pem"), "ca_file_unreadable"},
+		{junk, "ca_file_without_certificates"},
+	} {
+		out := python(t, e, []string{"URSULA_VFS_CA_FILE=" + c.file}, `
+p = os.path.join(DIR, "ca.db")
+print("attach", *code(lambda: q("SELECT ursula_attach(?, ?)", p, BASE + "/pyevents/ca")))
+print("exists", os.path.exists(p + "-ursula"))
+`)
+		if ev := events(out, c.event); len(ev) != 1 || !strings.Contains(ev[0], "level=error") {
+			t.Fatalf("%s events %q in:\n%s", c.event, ev, out)
+		}
+		if !strings.Contains(out, "attach 1 ursula_attach: local_setup:") || !strings.Contains(out, "exists False") {
+			t.Fatalf("with %s: %s", c.file, out)
+		}
+	}
+}
