@@ -1,6 +1,7 @@
 package vfs
 
 import (
+	"context"
 	"io"
 	"net"
 	"path/filepath"
@@ -8,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ursula-go/ursula/replicator"
 )
 
 // tcpCounter forwards TCP connections to a server and counts them; reset closes every
@@ -141,5 +144,65 @@ func TestPooledConnectionResetIsResent(t *testing.T) {
 	defer ro.Close()
 	if n := count(t, ro, `SELECT count(*) FROM t`); n != 3 {
 		t.Fatalf("the reader sees %d rows", n)
+	}
+}
+
+// TestLongReaderDoesNotHoldSnapshotsBack (checklist-vfs P147, T42): the original could
+// not snapshot past WAL frames a long reader pinned, so log_bytes grew while the reader
+// lasted (the alert: log_bytes well over snapshot_due_bytes). Here a snapshot is built
+// from the replica's own image of the stream, not from the WAL, so a read transaction
+// held open across many commits delays nothing: a snapshot is published while it is
+// open, log_bytes falls back under snapshot_due_bytes (no alert), and the reader keeps
+// its view until it ends.
+func TestLongReaderDoesNotHoldSnapshotsBack(t *testing.T) {
+	t.Setenv("URSULA_VFS_SNAPSHOT_MIN_BYTES", "65536")
+	base := startServer(t)
+	path := filepath.Join(t.TempDir(), "pinned.db")
+	db, err := Open(base+"/pinned/s", Options{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	mustExec(t, db, `CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)`)
+	mustExec(t, db, `INSERT INTO t(v) VALUES (randomblob(100))`)
+	ctx := context.Background()
+	reader, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	if _, err := reader.ExecContext(ctx, `BEGIN`); err != nil {
+		t.Fatal(err)
+	}
+	var seen int
+	if err := reader.QueryRowContext(ctx, `SELECT count(*) FROM t`).Scan(&seen); err != nil || seen != 1 {
+		t.Fatalf("the reader sees %d rows (%v)", seen, err)
+	}
+	// About 400 KiB of incompressible rows: several times the snapshot threshold.
+	for i := 0; i < 50; i++ {
+		mustExec(t, db, `INSERT INTO t(v) VALUES (randomblob(8000))`)
+	}
+	var st replicator.Status
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		st, err = Status(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Snapshot != "-1" && st.LogBytes <= st.SnapshotDueBytes {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no snapshot while a reader is open: snapshot %s, log_bytes %d, due %d, failures %d (%s)",
+				st.Snapshot, st.LogBytes, st.SnapshotDueBytes, st.SnapshotFailures, st.SnapshotError)
+		}
+	}
+	if err := reader.QueryRowContext(ctx, `SELECT count(*) FROM t`).Scan(&seen); err != nil || seen != 1 {
+		t.Fatalf("the open read transaction sees %d rows after the snapshot (%v)", seen, err)
+	}
+	if _, err := reader.ExecContext(ctx, `COMMIT`); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, db, `SELECT count(*) FROM t`); n != 51 {
+		t.Fatalf("%d rows", n)
 	}
 }
