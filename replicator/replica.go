@@ -50,6 +50,7 @@ type Options struct {
 	statsCap          int              // measurements kept per kind between drains (defaultStatsCap)
 	outagePullForward time.Duration    // see defaultOutagePullForward
 	now               func() time.Time // the clock of the idle re-claim (time.Now)
+	beforeCycle       func()           // called at the start of each snapshot attempt (panics injected)
 }
 
 // reloadToken reads the token file again. An empty, missing or unreadable file keeps the
