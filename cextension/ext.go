@@ -97,6 +97,24 @@ func logEvent(level, event, format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "sqlite-ursula-vfs level=%s event=%s %s\n", level, event, fmt.Sprintf(format, args...))
 }
 
+// testPanicEntry is URSULA_VFS_TEST_PANIC, read once: this package's tests name an entry
+// point (xOpen, x_write, ursula_attach, ursula_status) that then panics once, to check that
+// a panic fails the call alone and the process goes on (checklist-vfs T52). Unset in use.
+var (
+	testPanicOnce  sync.Once
+	testPanicEntry string
+	testPanicked   sync.Map
+)
+
+func injectPanic(entry string) {
+	testPanicOnce.Do(func() { testPanicEntry = os.Getenv("URSULA_VFS_TEST_PANIC") })
+	if testPanicEntry == entry {
+		if _, done := testPanicked.LoadOrStore(entry, true); !done {
+			panic("injected panic in " + entry)
+		}
+	}
+}
+
 // ursulaOpen is called by xOpen for main databases, -wal files and rollback journals. It
 // returns a URSULA_FILE_* kind, or minus an SQLite code to refuse the open.
 //
@@ -139,6 +157,7 @@ func ursulaOpen(cpath *C.char, flags C.int, real *C.sqlite3_file, fence **C.int,
 			}
 			return C.URSULA_FILE_PLAIN
 		}
+		injectPanic("xOpen")
 		st.opens++
 		*fence, *h = st.fence, C.uintptr_t(cgo.NewHandle(&fileHandle{st: st}))
 		if st.readOnly {
@@ -181,6 +200,7 @@ func ursulaWalWrite(h C.uintptr_t, buf unsafe.Pointer, n C.int, off C.int64_t) (
 			rc = C.URSULA_IOERR_WRITE
 		}
 	}()
+	injectPanic("x_write")
 	_, err := fh.wal.WriteAt(unsafe.Slice((*byte)(buf), int(n)), int64(off))
 	if err == nil {
 		return C.URSULA_OK
@@ -292,6 +312,7 @@ func ursulaAttach(cpath, curl *C.char, readOnly C.int, rc *C.int) (out *C.char) 
 }
 
 func attach(path, url string, readOnly bool) (uint64, error) {
+	injectPanic("ursula_attach")
 	if path == "" || path == ":memory:" || strings.HasPrefix(path, "file:") {
 		return 0, setupErr(replicator.KindInvalidArg, "the file must be a plain file path (not %q)", path)
 	}
@@ -420,6 +441,7 @@ func ursulaStatus(cpath *C.char, stats C.int, rc *C.int) (out *C.char) {
 			out = answer(fmt.Sprintf("%s: internal: panic: %v", fn, r), C.URSULA_ERROR, rc)
 		}
 	}()
+	injectPanic(fn)
 	path := C.GoString(cpath)
 	abs, err := canonical(path)
 	if err != nil {

@@ -497,3 +497,66 @@ print("exists", os.path.exists(p + "-ursula"))
 		}
 	}
 }
+
+// TestPythonPanics (checklist-vfs F45, M109-M110, S184, T52): a panic injected once in an
+// entry point (URSULA_VFS_TEST_PANIC) fails that call alone, is logged as panic
+// (level=error) with its entry, and the process goes on:
+//   - x_write: the commit fails and the file is poisoned; it works again once attached again;
+//   - xOpen: that open fails (here the attach's own open of a new file: the attach fails),
+//     nothing is poisoned, and the next attach and opens work;
+//   - ursula_attach: that attach fails; the next attach succeeds and the file opens;
+//   - ursula_status: that call fails; the next answers.
+func TestPythonPanics(t *testing.T) {
+	e := setup(t)
+	for _, c := range []struct {
+		entry, script string
+		want          []string
+	}{
+		{"x_write", `
+p = os.path.join(DIR, "w.db"); url = BASE + "/pypanic/w"
+q("SELECT ursula_attach(?, ?)", p, url)
+c = sqlite3.connect(p, isolation_level=None)
+print("commit", code(lambda: c.execute("CREATE TABLE t(x)"))[0])
+print("poisoned", json.loads(q("SELECT ursula_status(?)", p))["poisoned"])
+c.close()
+q("SELECT ursula_attach(?, ?)", p, url)
+c = sqlite3.connect(p, isolation_level=None)
+c.execute("CREATE TABLE t(x)"); c.execute("INSERT INTO t VALUES (1)")
+print("after", c.execute("SELECT count(*) FROM t").fetchone()[0])
+`, []string{"poisoned True", "after 1"}},
+		{"xOpen", `
+p = os.path.join(DIR, "o.db")
+# The first open of the new file is the attach's own (it puts the file in WAL mode).
+print("attach", *code(lambda: q("SELECT ursula_attach(?, ?)", p, BASE + "/pypanic/o")))
+q("SELECT ursula_attach(?, ?)", p, BASE + "/pypanic/o")
+c = sqlite3.connect(p, isolation_level=None)
+c.execute("CREATE TABLE t(x)"); c.execute("INSERT INTO t VALUES (1)")
+print("after", c.execute("SELECT count(*) FROM t").fetchone()[0])
+print("poisoned", json.loads(q("SELECT ursula_status(?)", p))["poisoned"])
+`, []string{"attach 1 ursula_attach: local_setup:", "after 1", "poisoned False"}},
+		{"ursula_attach", `
+p = os.path.join(DIR, "a.db")
+print("attach", code(lambda: q("SELECT ursula_attach(?, ?)", p, BASE + "/pypanic/a"))[0])
+q("SELECT ursula_attach(?, ?)", p, BASE + "/pypanic/a")
+c = sqlite3.connect(p, isolation_level=None)
+c.execute("CREATE TABLE t(x)"); c.execute("INSERT INTO t VALUES (1)")
+print("after", c.execute("SELECT count(*) FROM t").fetchone()[0])
+`, []string{"attach 1", "after 1"}},
+		{"ursula_status", `
+p = os.path.join(DIR, "s.db")
+q("SELECT ursula_attach(?, ?)", p, BASE + "/pypanic/s")
+print("status", *code(lambda: q("SELECT ursula_status(?)", p)))
+print("again", json.loads(q("SELECT ursula_status(?)", p))["poisoned"])
+`, []string{"status 1 ursula_status: internal: panic", "again False"}},
+	} {
+		t.Run(c.entry, func(t *testing.T) {
+			out := python(t, e, []string{"URSULA_VFS_TEST_PANIC=" + c.entry}, c.script+"print(\"alive\")\n")
+			want := append(c.want, "alive", "level=error event=panic entry="+c.entry+" ")
+			for _, w := range want {
+				if !strings.Contains(out, w) {
+					t.Fatalf("missing %q in:\n%s", w, out)
+				}
+			}
+		})
+	}
+}
