@@ -76,10 +76,10 @@ conformance-cold: build conformance-deps s3-deps
 bench: build conformance-deps s3-deps
 	$(GO) build -o $(BIN)/ursula-bench ./cmd/ursula-bench
 	test/bench/run.sh
-	@echo "== commit latency: replicated (vfs over loopback HTTP) vs plain local SQLite (WAL)"
-	$(GO) test -run '^$$' -bench '^BenchmarkCommit$$' -benchtime 2000x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)'
-	@echo "== commit latency against a 3-node loopback cluster (node-list URL), leader first in the list vs last"
-	$(GO) test -run '^$$' -bench '^BenchmarkCommitCluster$$' -benchtime 2000x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)'
+	@echo "== commit latency: replicated (vfs over loopback HTTP) vs plain local SQLite (WAL, synchronous NORMAL and FULL); ratios to FULL"
+	$(GO) test -run '^$$' -bench '^BenchmarkCommit$$' -benchtime 2000x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)' | awk -f test/bench/commit-ratio.awk
+	@echo "== commit latency against a 3-node loopback cluster (node-list URL), leader first in the list vs last; ratios to leader-local"
+	$(GO) test -run '^$$' -bench '^BenchmarkCommitCluster$$' -benchtime 2000x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)' | awk -f test/bench/commit-ratio.awk
 	@echo "== cold start (fresh-host attach) of 10 MB and 100 MB databases"
 	$(GO) test -run '^$$' -bench '^BenchmarkColdStart$$' -benchtime 3x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)'
 	@echo "== lazy read-only open vs full download: first point lookup, bytes fetched, 100 lookups, full scan (1 GiB)"
