@@ -4,7 +4,7 @@ BIN      := bin
 ADDR     ?= 127.0.0.1:4437
 export GOFLAGS := -buildvcs=false
 
-.PHONY: run build test unit vet fmt-check conformance conformance-cold conformance-deps s3-deps bench soak fuzz clean cluster extension bindings-deps bindings-test
+.PHONY: run build test unit vet fmt-check conformance conformance-cold conformance-deps s3-deps bench fuzz clean cluster extension bindings-deps bindings-test faultproxy soak
 
 build:
 	$(GO) build -o $(BIN)/ursula ./cmd/ursula
@@ -27,8 +27,12 @@ bindings-deps:
 	@test -f bindings/node/node_modules/better-sqlite3/build/Release/better_sqlite3.node || \
 	  (cd bindings/node && npm_config_nodedir=$(NODE_DIR) npm ci --no-audit --no-fund)
 
+## faultproxy: the fault proxy as a command (bin/faultproxy), for the Python binding's mixed-fault run
+faultproxy:
+	$(GO) build -o $(BIN)/faultproxy ./test/faultproxy/cmd/faultproxy
+
 ## bindings-test: the Python and Node bindings on the extension, against a real server each test starts
-bindings-test: build extension bindings-deps
+bindings-test: build extension faultproxy bindings-deps
 	cd bindings/python && URSULA_BIN=$(CURDIR)/$(BIN)/ursula URSULA_VFS_EXTENSION=$(CURDIR)/$(BIN)/libursula_vfs.so /usr/bin/python3 -m unittest discover -s tests -v
 	cd bindings/node && URSULA_BIN=$(CURDIR)/$(BIN)/ursula URSULA_VFS_EXTENSION=$(CURDIR)/$(BIN)/libursula_vfs.so node --test test/
 
@@ -76,10 +80,10 @@ LAZY_MB ?= 1024
 bench: build conformance-deps s3-deps
 	$(GO) build -o $(BIN)/ursula-bench ./cmd/ursula-bench
 	test/bench/run.sh
-	@echo "== commit latency: replicated (vfs over loopback HTTP) vs plain local SQLite (WAL)"
-	$(GO) test -run '^$$' -bench '^BenchmarkCommit$$' -benchtime 2000x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)'
-	@echo "== commit latency against a 3-node loopback cluster (node-list URL), leader first in the list vs last"
-	$(GO) test -run '^$$' -bench '^BenchmarkCommitCluster$$' -benchtime 2000x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)'
+	@echo "== commit latency: replicated (vfs over loopback HTTP) vs plain local SQLite (WAL, synchronous NORMAL and FULL); ratios to FULL"
+	$(GO) test -run '^$$' -bench '^BenchmarkCommit$$' -benchtime 2000x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)' | awk -f test/bench/commit-ratio.awk
+	@echo "== commit latency against a 3-node loopback cluster (node-list URL), leader first in the list vs last; ratios to leader-local"
+	$(GO) test -run '^$$' -bench '^BenchmarkCommitCluster$$' -benchtime 2000x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)' | awk -f test/bench/commit-ratio.awk
 	@echo "== cold start (fresh-host attach) of 10 MB and 100 MB databases"
 	$(GO) test -run '^$$' -bench '^BenchmarkColdStart$$' -benchtime 3x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)'
 	@echo "== lazy read-only open vs full download, memory server and S3 (versitygw) cold tier: first point lookup, bytes fetched, 100 lookups, full scan, heap ($(LAZY_MB) MiB; LAZY_MB=128 for a quick run)"
@@ -92,10 +96,15 @@ bench: build conformance-deps s3-deps
 	$(MAKE) extension
 	$(GO) run ./cextension/bench -n 2000 -ursula $(BIN)/ursula -extension $(BIN)/libursula_vfs.so
 
-## soak: the long abuse cases (10k idle connections, 1,000 slow-loris headers, larger memory
-## bursts with the release-off comparison) against real server processes
-soak:
+## soak: the long runs: the abuse cases at size (10k idle connections, 1,000 slow-loris headers,
+## larger memory bursts with the release-off comparison) against real server processes, then
+## the mixed-fault commit runs at length (SOAK_COMMITS commits each): pure-Go vfs.Open, then
+## the extension through Python
+SOAK_COMMITS ?= 3000
+soak: build extension faultproxy
 	ulimit -n $$(ulimit -Hn) 2>/dev/null; URSULA_SOAK=1 $(GO) test -count=1 -timeout 30m -v -run 'Soak|MemoryReturns|ConnectionCap|DeclaredOnly|NeverRead' ./test/abuse/
+	URSULA_FAULT_COMMITS=$(SOAK_COMMITS) $(GO) test -race -count=1 -timeout 60m -run '^TestMixedFaultsNeverDiverge$$' -v ./vfs/ | grep -vE '^sqlite-ursula-vfs '
+	cd bindings/python/tests && URSULA_FAULT_COMMITS=$(SOAK_COMMITS) URSULA_BIN=$(CURDIR)/$(BIN)/ursula URSULA_VFS_EXTENSION=$(CURDIR)/$(BIN)/libursula_vfs.so /usr/bin/python3 -m unittest -v test_sqlite_ursula.MixedFaultTest
 
 ## fuzz: run every fuzz target for FUZZTIME each
 FUZZTIME ?= 20s

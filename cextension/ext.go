@@ -8,9 +8,6 @@ package main
 import "C"
 
 import (
-	"bytes"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,10 +15,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/cgo"
-	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -102,6 +97,24 @@ func logEvent(level, event, format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "sqlite-ursula-vfs level=%s event=%s %s\n", level, event, fmt.Sprintf(format, args...))
 }
 
+// testPanicEntry is URSULA_VFS_TEST_PANIC, read once: this package's tests name an entry
+// point (xOpen, x_write, ursula_attach, ursula_status) that then panics once, to check that
+// a panic fails the call alone and the process goes on (checklist-vfs T52). Unset in use.
+var (
+	testPanicOnce  sync.Once
+	testPanicEntry string
+	testPanicked   sync.Map
+)
+
+func injectPanic(entry string) {
+	testPanicOnce.Do(func() { testPanicEntry = os.Getenv("URSULA_VFS_TEST_PANIC") })
+	if testPanicEntry == entry {
+		if _, done := testPanicked.LoadOrStore(entry, true); !done {
+			panic("injected panic in " + entry)
+		}
+	}
+}
+
 // ursulaOpen is called by xOpen for main databases, -wal files and rollback journals. It
 // returns a URSULA_FILE_* kind, or minus an SQLite code to refuse the open.
 //
@@ -144,6 +157,7 @@ func ursulaOpen(cpath *C.char, flags C.int, real *C.sqlite3_file, fence **C.int,
 			}
 			return C.URSULA_FILE_PLAIN
 		}
+		injectPanic("xOpen")
 		st.opens++
 		*fence, *h = st.fence, C.uintptr_t(cgo.NewHandle(&fileHandle{st: st}))
 		if st.readOnly {
@@ -186,6 +200,7 @@ func ursulaWalWrite(h C.uintptr_t, buf unsafe.Pointer, n C.int, off C.int64_t) (
 			rc = C.URSULA_IOERR_WRITE
 		}
 	}()
+	injectPanic("x_write")
 	_, err := fh.wal.WriteAt(unsafe.Slice((*byte)(buf), int(n)), int64(off))
 	if err == nil {
 		return C.URSULA_OK
@@ -204,78 +219,6 @@ func ursulaWalTruncate(h C.uintptr_t) {
 }
 
 // ---- SQL functions ----------------------------------------------------------------------
-
-var (
-	clientOnce   sync.Once
-	sharedClient *client.Client
-)
-
-// processClient is the one client every attach of this process uses, so that
-// ursula_set_token reaches all of them. It reads the same URSULA_VFS_* settings as the
-// replicator's default client.
-func processClient() *client.Client {
-	clientOnce.Do(func() {
-		tr, err := client.NewTransportWithCA(os.Getenv("URSULA_VFS_CA_FILE"))
-		if err != nil {
-			// An unreadable CA file must not fall back to trusting the system roots.
-			logEvent("error", "ca_file_unreadable", "err=%q", err.Error())
-			tr = client.NewTransport()
-			tr.TLSClientConfig = &tls.Config{RootCAs: x509.NewCertPool()}
-		}
-		if ms, err := strconv.Atoi(os.Getenv("URSULA_VFS_IDLE_MS")); err == nil && ms > 0 {
-			tr.IdleConnTimeout = time.Duration(ms) * time.Millisecond
-		}
-		tokenFile = os.Getenv("URSULA_VFS_TOKEN_FILE")
-		var rt http.RoundTripper = tr
-		if tokenFile != "" {
-			rt = reloadOn401{tr}
-		}
-		sharedClient, _ = client.New("", client.WithHTTPClient(&http.Client{Transport: rt}))
-		reloadTokenFile()
-	})
-	return sharedClient
-}
-
-// tokenFile is URSULA_VFS_TOKEN_FILE; manualToken is set while ursula_set_token's token
-// is in force (it takes precedence over the file).
-var (
-	tokenFile   string
-	manualToken atomic.Bool
-	tokenMu     sync.Mutex
-)
-
-// reloadTokenFile reads URSULA_VFS_TOKEN_FILE again and applies its token unless
-// ursula_set_token's is in force. An empty, missing or unreadable file keeps the last
-// token (a half-written rotation must not log everyone out).
-func reloadTokenFile() {
-	if tokenFile == "" || manualToken.Load() {
-		return
-	}
-	tokenMu.Lock()
-	defer tokenMu.Unlock()
-	b, err := os.ReadFile(tokenFile)
-	if tok := string(bytes.TrimSpace(b)); err == nil && tok != "" {
-		sharedClient.SetToken(tok)
-		return
-	}
-	if err == nil {
-		err = errors.New("empty")
-	}
-	logEvent("warn", "token_file_unreadable", "file=%q err=%q", tokenFile, err.Error())
-}
-
-// reloadOn401 reads the token file again after every 401, so a token rotated by writing
-// the file is sent from the next attempt on (the replicator retries an unauthorized
-// append within its budget) without a restart.
-type reloadOn401 struct{ next http.RoundTripper }
-
-func (t reloadOn401) RoundTrip(r *http.Request) (*http.Response, error) {
-	res, err := t.next.RoundTrip(r)
-	if err == nil && res.StatusCode == http.StatusUnauthorized {
-		reloadTokenFile()
-	}
-	return res, err
-}
 
 // fnError formats an error as "<function>: <kind>: <message>" with its SQLite code.
 func fnError(fn string, err error) (string, C.int) {
@@ -369,6 +312,7 @@ func ursulaAttach(cpath, curl *C.char, readOnly C.int, rc *C.int) (out *C.char) 
 }
 
 func attach(path, url string, readOnly bool) (uint64, error) {
+	injectPanic("ursula_attach")
 	if path == "" || path == ":memory:" || strings.HasPrefix(path, "file:") {
 		return 0, setupErr(replicator.KindInvalidArg, "the file must be a plain file path (not %q)", path)
 	}
@@ -414,7 +358,7 @@ func attach(path, url string, readOnly bool) (uint64, error) {
 		return 0, setupErr(replicator.KindInUse, "%s is open in this process outside the ursula VFS (or was opened before ursula_attach): close it first", abs)
 	}
 
-	db, err := sqlitewal.Attach(abs, url, sqlitewal.AttachOptions{ReadOnly: readOnly, Client: processClient()})
+	db, err := sqlitewal.Attach(abs, url, sqlitewal.AttachOptions{ReadOnly: readOnly})
 	if err != nil {
 		if e, ok := replicator.AsError(err); !ok || !refusalChangesNothing(e.Kind) {
 			mu.Lock()
@@ -497,6 +441,7 @@ func ursulaStatus(cpath *C.char, stats C.int, rc *C.int) (out *C.char) {
 			out = answer(fmt.Sprintf("%s: internal: panic: %v", fn, r), C.URSULA_ERROR, rc)
 		}
 	}()
+	injectPanic(fn)
 	path := C.GoString(cpath)
 	abs, err := canonical(path)
 	if err != nil {
@@ -543,10 +488,5 @@ func ursulaStatus(cpath *C.char, stats C.int, rc *C.int) (out *C.char) {
 //
 //export ursulaSetToken
 func ursulaSetToken(ctok *C.char) {
-	c, tok := processClient(), C.GoString(ctok)
-	manualToken.Store(tok != "")
-	c.SetToken(tok)
-	if tok == "" {
-		reloadTokenFile() // back to the token file
-	}
+	replicator.SetToken(C.GoString(ctok))
 }

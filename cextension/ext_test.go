@@ -475,3 +475,155 @@ print("rows", c.execute("SELECT count(*) FROM t").fetchone()[0])
 		}
 	}
 }
+
+// TestPythonSettingEvents (checklist-vfs S178, S179, S181, T25, T34, T35): the extension
+// logs the settings events the pure-Go adapter logs, from the same code
+// (replicator.NewClient and the replica's defaults), at their levels:
+//   - URSULA_VFS_MAX_FRAME_BYTES that is not a number: setting_adjusted (warn) once, with
+//     the value used instead;
+//   - a token about to go over plain http to a host that is not this machine:
+//     token_in_clear (warn) once. The host is a name only the outbound proxy (HTTP_PROXY,
+//     on loopback, forwarding to the real server) knows, so nothing leaves the machine;
+//   - URSULA_VFS_CA_FILE unreadable: ca_file_unreadable (error), and without a
+//     certificate ca_file_without_certificates (error); the attach fails (local_setup)
+//     rather than trust the system roots.
+//
+// dns_stale comes from the same client (replicator.NewClient wires the transport's
+// stale-address report, TestDNSStaleEvent and client's TestDNSRules check it); a failing
+// resolver cannot be injected into another process without a DNS server.
+func TestPythonSettingEvents(t *testing.T) {
+	e := setup(t)
+	target, _ := url.Parse(e.base)
+	var proxied atomic.Int64
+	rp := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target)
+		r.Out.Host = r.In.Host
+	}}
+	fwd := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		proxied.Add(1)
+		rp.ServeHTTP(w, r)
+	}))
+	defer fwd.Close()
+	events := func(out, name string) []string {
+		var lines []string
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, "sqlite-ursula-vfs ") && strings.Contains(l, " event="+name+" ") {
+				lines = append(lines, l)
+			}
+		}
+		return lines
+	}
+	out := python(t, e, []string{"HTTP_PROXY=" + fwd.URL, "http_proxy=" + fwd.URL, "NO_PROXY=", "no_proxy=", "URSULA_VFS_MAX_FRAME_BYTES=lots"}, `
+q("SELECT ursula_set_token('secret')")
+p = os.path.join(DIR, "clear.db")
+q("SELECT ursula_attach(?, ?)", p, "http://db.example.test/pyevents/clear")
+c = sqlite3.connect(p, isolation_level=None)
+c.execute("CREATE TABLE t(x)")
+for i in range(3):
+    c.execute("INSERT INTO t VALUES (?)", (i,))
+print("rows", c.execute("SELECT count(*) FROM t").fetchone()[0])
+`)
+	if !strings.Contains(out, "rows 3") || proxied.Load() == 0 {
+		t.Fatalf("the commits did not go through the proxy (%d requests):\n%s", proxied.Load(), out)
+	}
+	if ev := events(out, "token_in_clear"); len(ev) != 1 || !strings.Contains(ev[0], "level=warn") {
+		t.Fatalf("token_in_clear events %q in:\n%s", ev, out)
+	}
+	if ev := events(out, "setting_adjusted"); len(ev) != 1 || !strings.Contains(ev[0], "level=warn") ||
+		!strings.Contains(ev[0], "setting=URSULA_VFS_MAX_FRAME_BYTES") || !strings.Contains(ev[0], "used=33554432") {
+		t.Fatalf("setting_adjusted events %q in:\n%s", ev, out)
+	}
+	// Over loopback the same token is not in the clear.
+	out = python(t, e, nil, `
+q("SELECT ursula_set_token('secret')")
+p = os.path.join(DIR, "loop.db")
+q("SELECT ursula_attach(?, ?)", p, BASE + "/pyevents/loop")
+sqlite3.connect(p, isolation_level=None).execute("CREATE TABLE t(x)")
+print("done")
+`)
+	if ev := events(out, "token_in_clear"); len(ev) != 0 || !strings.Contains(out, "done") {
+		t.Fatalf("over loopback: token_in_clear events %q in:\n%s", ev, out)
+	}
+
+	junk := filepath.Join(e.dir, "junk.pem")
+	os.WriteFile(junk, []byte("not a certificate\n"), 0o600)
+	for _, c := range []struct{ file, event string }{
+		{filepath.Join(e.dir, "missing.pem"), "ca_file_unreadable"},
+		{junk, "ca_file_without_certificates"},
+	} {
+		out := python(t, e, []string{"URSULA_VFS_CA_FILE=" + c.file}, `
+p = os.path.join(DIR, "ca.db")
+print("attach", *code(lambda: q("SELECT ursula_attach(?, ?)", p, BASE + "/pyevents/ca")))
+print("exists", os.path.exists(p + "-ursula"))
+`)
+		if ev := events(out, c.event); len(ev) != 1 || !strings.Contains(ev[0], "level=error") {
+			t.Fatalf("%s events %q in:\n%s", c.event, ev, out)
+		}
+		if !strings.Contains(out, "attach 1 ursula_attach: local_setup:") || !strings.Contains(out, "exists False") {
+			t.Fatalf("with %s: %s", c.file, out)
+		}
+	}
+}
+
+// TestPythonPanics (checklist-vfs F45, M109-M110, S184, T52): a panic injected once in an
+// entry point (URSULA_VFS_TEST_PANIC) fails that call alone, is logged as panic
+// (level=error) with its entry, and the process goes on:
+//   - x_write: the commit fails and the file is poisoned; it works again once attached again;
+//   - xOpen: that open fails (here the attach's own open of a new file: the attach fails),
+//     nothing is poisoned, and the next attach and opens work;
+//   - ursula_attach: that attach fails; the next attach succeeds and the file opens;
+//   - ursula_status: that call fails; the next answers.
+func TestPythonPanics(t *testing.T) {
+	e := setup(t)
+	for _, c := range []struct {
+		entry, script string
+		want          []string
+	}{
+		{"x_write", `
+p = os.path.join(DIR, "w.db"); url = BASE + "/pypanic/w"
+q("SELECT ursula_attach(?, ?)", p, url)
+c = sqlite3.connect(p, isolation_level=None)
+print("commit", code(lambda: c.execute("CREATE TABLE t(x)"))[0])
+print("poisoned", json.loads(q("SELECT ursula_status(?)", p))["poisoned"])
+c.close()
+q("SELECT ursula_attach(?, ?)", p, url)
+c = sqlite3.connect(p, isolation_level=None)
+c.execute("CREATE TABLE t(x)"); c.execute("INSERT INTO t VALUES (1)")
+print("after", c.execute("SELECT count(*) FROM t").fetchone()[0])
+`, []string{"poisoned True", "after 1"}},
+		{"xOpen", `
+p = os.path.join(DIR, "o.db")
+# The first open of the new file is the attach's own (it puts the file in WAL mode).
+print("attach", *code(lambda: q("SELECT ursula_attach(?, ?)", p, BASE + "/pypanic/o")))
+q("SELECT ursula_attach(?, ?)", p, BASE + "/pypanic/o")
+c = sqlite3.connect(p, isolation_level=None)
+c.execute("CREATE TABLE t(x)"); c.execute("INSERT INTO t VALUES (1)")
+print("after", c.execute("SELECT count(*) FROM t").fetchone()[0])
+print("poisoned", json.loads(q("SELECT ursula_status(?)", p))["poisoned"])
+`, []string{"attach 1 ursula_attach: local_setup:", "after 1", "poisoned False"}},
+		{"ursula_attach", `
+p = os.path.join(DIR, "a.db")
+print("attach", code(lambda: q("SELECT ursula_attach(?, ?)", p, BASE + "/pypanic/a"))[0])
+q("SELECT ursula_attach(?, ?)", p, BASE + "/pypanic/a")
+c = sqlite3.connect(p, isolation_level=None)
+c.execute("CREATE TABLE t(x)"); c.execute("INSERT INTO t VALUES (1)")
+print("after", c.execute("SELECT count(*) FROM t").fetchone()[0])
+`, []string{"attach 1", "after 1"}},
+		{"ursula_status", `
+p = os.path.join(DIR, "s.db")
+q("SELECT ursula_attach(?, ?)", p, BASE + "/pypanic/s")
+print("status", *code(lambda: q("SELECT ursula_status(?)", p)))
+print("again", json.loads(q("SELECT ursula_status(?)", p))["poisoned"])
+`, []string{"status 1 ursula_status: internal: panic", "again False"}},
+	} {
+		t.Run(c.entry, func(t *testing.T) {
+			out := python(t, e, []string{"URSULA_VFS_TEST_PANIC=" + c.entry}, c.script+"print(\"alive\")\n")
+			want := append(c.want, "alive", "level=error event=panic entry="+c.entry+" ")
+			for _, w := range want {
+				if !strings.Contains(out, w) {
+					t.Fatalf("missing %q in:\n%s", w, out)
+				}
+			}
+		})
+	}
+}

@@ -12,11 +12,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"runtime/cgo"
 	"sync"
 	"unsafe"
 
 	"github.com/ursula-go/ursula/lazy"
+	"github.com/ursula-go/ursula/replicator"
 )
 
 // The ursula-lazy VFS (shim.c): file:NAME?vfs=ursula-lazy&url=STREAM_URL opens a
@@ -28,6 +30,7 @@ import (
 var (
 	lazyPool     = &lazy.Pool{}
 	lazyPoolOnce sync.Once
+	lazyPoolErr  error // the client could not be made (URSULA_VFS_CA_FILE)
 )
 
 type lazyHandle struct {
@@ -52,7 +55,12 @@ func ursulaLazyOpen(curl, cat, cfollow, ccache *C.char, h *C.uintptr_t, errOut *
 		*errOut = C.CString(err.Error())
 		return C.URSULA_CANTOPEN
 	}
-	lazyPoolOnce.Do(func() { lazyPool.Client = processClient() })
+	// The same client settings as an attach (URSULA_VFS_CA_FILE, token, idle time).
+	lazyPoolOnce.Do(func() { lazyPool.Client, lazyPoolErr = replicator.NewClient(url, os.Stderr) })
+	if lazyPoolErr != nil {
+		*errOut = C.CString(fmt.Sprintf("%s: %v", url, lazyPoolErr))
+		return C.URSULA_CANTOPEN
+	}
 	src, err := lazyPool.Acquire(context.Background(), url, opts)
 	if err != nil {
 		*errOut = C.CString(fmt.Sprintf("%s: %v", url, err))

@@ -7,7 +7,8 @@ package replicator
 func eventLevel(event string) string {
 	switch event {
 	case "poisoned", "snapshot_thread_panicked", "snapshot_thread_not_resumed",
-		"attach_restore_failed", "panic", "sidecar_failed":
+		"attach_restore_failed", "panic", "sidecar_failed", "ca_file_unreadable",
+		"ca_file_without_certificates":
 		return "error"
 	case "writes_refused", "payment_required", "append_retry", "append_gave_up",
 		"refused_commit_unchecked", "refused_commit_applied", "snapshot_failed",

@@ -50,6 +50,7 @@ type Options struct {
 	statsCap          int              // measurements kept per kind between drains (defaultStatsCap)
 	outagePullForward time.Duration    // see defaultOutagePullForward
 	now               func() time.Time // the clock of the idle re-claim (time.Now)
+	beforeCycle       func()           // called at the start of each snapshot attempt (panics injected)
 }
 
 // reloadToken reads the token file again. An empty, missing or unreadable file keeps the
@@ -129,25 +130,10 @@ func (o *Options) defaults(streamURL string) error {
 		o.outagePullForward = defaultOutagePullForward
 	}
 	if o.Client == nil {
-		tr, err := client.NewTransportWith(client.TransportOptions{
-			CAFile:     os.Getenv("URSULA_VFS_CA_FILE"),
-			OnDNSStale: dnsStaleLogger(o.Log, streamURL),
-		})
-		if err != nil {
-			return fmt.Errorf("URSULA_VFS_CA_FILE: %w", err)
-		}
-		tr.IdleConnTimeout = 90 * time.Second // URSULA_VFS_IDLE_MS; 0 disables reuse
-		if v, err := strconv.Atoi(os.Getenv("URSULA_VFS_IDLE_MS")); err == nil && v >= 0 {
-			tr.IdleConnTimeout = time.Duration(v) * time.Millisecond
-			tr.DisableKeepAlives = v == 0
-		}
-		c, err := client.New("", client.WithHTTPClient(&http.Client{Transport: tr}))
+		c, err := NewClient(streamURL, o.Log)
 		if err != nil {
 			return err
 		}
-		// A redirect is never followed: 307 is resent to the same URL, others fail. Over a
-		// node list the client follows NotLeader answers within the list instead.
-		c.MaxRedirects = -1
 		o.Client = c
 		o.tokenFile = os.Getenv("URSULA_VFS_TOKEN_FILE")
 		o.reloadToken()

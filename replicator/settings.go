@@ -1,9 +1,11 @@
 package replicator
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"strconv"
@@ -46,6 +48,56 @@ func maxFrameFromEnv() (n int, adjusted string) {
 // event's level.
 func writeEvent(w io.Writer, streamURL, event, format string, args ...any) {
 	fmt.Fprintf(w, "sqlite-ursula-vfs level=%s event=%s url=%q %s\n", eventLevel(event), event, streamURL, fmt.Sprintf(format, args...))
+}
+
+// NewClient is the HTTP client of the URSULA_VFS_* settings, the one a replica of streamURL
+// uses when Options.Client is nil (read-only attaches of the adapters use it too), its
+// events written to log:
+//   - URSULA_VFS_CA_FILE: only its CAs are trusted for https://. A file that cannot be read
+//     logs ca_file_unreadable, one without a certificate ca_file_without_certificates
+//     (both level=error), and either is an error: falling back to the system roots would
+//     trust what the user meant to exclude (checklist-vfs S179, Y).
+//   - the transport's stale DNS answers are logged as dns_stale (checklist-vfs L103, S180);
+//   - URSULA_VFS_IDLE_MS: how long an idle connection is kept (90 s; 0 keeps none, each
+//     request on a new connection: checklist-vfs L99);
+//   - redirects are never followed: 307 is resent to the same URL, others fail (over a node
+//     list the client follows NotLeader answers within the list instead);
+//   - the token of SetToken, else of URSULA_VFS_TOKEN_FILE as it is now (a replica re-reads
+//     the file on every 401).
+func NewClient(streamURL string, log io.Writer) (*client.Client, error) {
+	if log == nil {
+		log = os.Stderr
+	}
+	caFile := os.Getenv("URSULA_VFS_CA_FILE")
+	if caFile != "" {
+		if _, err := os.ReadFile(caFile); err != nil {
+			writeEvent(log, streamURL, "ca_file_unreadable", "file=%q reason=%q", caFile, err.Error())
+			return nil, newError(KindLocalSetup, ActionFix, err, "URSULA_VFS_CA_FILE %s cannot be read: %v", caFile, err)
+		}
+	}
+	tr, err := client.NewTransportWith(client.TransportOptions{CAFile: caFile, OnDNSStale: dnsStaleLogger(log, streamURL)})
+	if err != nil {
+		writeEvent(log, streamURL, "ca_file_without_certificates", "file=%q reason=%q", caFile, err.Error())
+		return nil, newError(KindLocalSetup, ActionFix, err, "URSULA_VFS_CA_FILE %s holds no usable CA certificate: %v", caFile, err)
+	}
+	tr.IdleConnTimeout = 90 * time.Second
+	if v, err := strconv.Atoi(os.Getenv("URSULA_VFS_IDLE_MS")); err == nil && v >= 0 {
+		tr.IdleConnTimeout = time.Duration(v) * time.Millisecond
+		tr.DisableKeepAlives = v == 0
+	}
+	c, err := client.New("", client.WithHTTPClient(&http.Client{Transport: tr}))
+	if err != nil {
+		return nil, err
+	}
+	c.MaxRedirects = -1
+	if tok := tokenOverride.Load(); tok != nil {
+		c.SetToken(*tok)
+	} else if p := os.Getenv("URSULA_VFS_TOKEN_FILE"); p != "" {
+		if b, err := os.ReadFile(p); err == nil {
+			c.SetToken(string(bytes.TrimSpace(b)))
+		}
+	}
+	return c, nil
 }
 
 // dnsStaleLogger reports the transport's stale DNS answers as dns_stale events.

@@ -223,6 +223,9 @@ func (s *snapshotter) safeCycle(ctx context.Context) {
 
 // cycle makes one attempt: build, publish, read back, then move retention.
 func (s *snapshotter) cycle(ctx context.Context) {
+	if s.r.opts.beforeCycle != nil {
+		s.r.opts.beforeCycle()
+	}
 	start := time.Now()
 	v := s.r.snapView()
 	blob, x, err := s.build(ctx, v.tail)

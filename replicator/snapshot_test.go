@@ -598,6 +598,42 @@ func TestSnapshotNotWhileRefused(t *testing.T) {
 	}
 }
 
+// TestSnapshotThreadPanic (checklist-vfs P148, S182, T52 for the snapshot thread): a panic
+// in a snapshot attempt is recovered and logged as snapshot_thread_panicked (level=error),
+// counted as one failed attempt with its reason, and the goroutine goes on: the next
+// attempt publishes, and commits never noticed. (The pure-Go adapter's VFS entry points
+// add no recovery of their own: protocol-departures.md, "Panics".)
+func TestSnapshotThreadPanic(t *testing.T) {
+	base := snapServer(t, nil)
+	var panics atomic.Int32
+	r, _, lb := snapAttach(t, base+"/snap/panic", Options{beforeCycle: func() {
+		if panics.Add(1) == 1 {
+			panic("injected snapshot panic")
+		}
+	}})
+	m := newModel()
+	r.Close()
+	for range 40 {
+		m.commit(t, r, 32, 4)
+	}
+	r.startSnapshots(&Image{DBPages: 32}, nil)
+	t.Cleanup(func() { r.Close() })
+	r.snap.poke()
+	waitFor(t, "the panic", 10*time.Second, func() bool { return len(lb.events("snapshot_thread_panicked")) == 1 })
+	ev := lb.events("snapshot_thread_panicked")[0]
+	if ev["level"] != "error" || !strings.Contains(ev["message"], "injected snapshot panic") {
+		t.Fatalf("snapshot_thread_panicked event %v", ev)
+	}
+	m.commit(t, r, 32, 4) // commits go on
+	waitFor(t, "a snapshot after the panic", 20*time.Second, func() bool { return r.Status().Snapshot != "-1" })
+	if st := r.Status(); st.SnapshotFailures != 0 || st.Poisoned {
+		t.Fatalf("after the snapshot: %+v", st)
+	}
+	if f := lb.events("snapshot_failed"); len(f) < 1 {
+		t.Fatalf("the panic was not counted as a failed attempt: %v", f)
+	}
+}
+
 // TestSnapshotBackoffAndClassify checks the backoff schedule and the failure kinds.
 func TestSnapshotBackoffAndClassify(t *testing.T) {
 	for n, want := range map[int]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond, 4: 800 * time.Millisecond, 12: 204800 * time.Millisecond, 13: 5 * time.Minute, 60: 5 * time.Minute} {

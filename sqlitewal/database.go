@@ -89,7 +89,11 @@ func Attach(path, streamURL string, opts AttachOptions) (*Database, error) {
 	if opts.ReadOnly {
 		c := opts.Client
 		if c == nil {
-			c, _ = client.New("")
+			var err error
+			if c, err = replicator.NewClient(streamURL, nil); err != nil {
+				lk.Release()
+				return nil, err
+			}
 		}
 		img, err := replicator.Restore(context.Background(), c, streamURL, path, 0, streamcore.MaxRequestBytes, nil)
 		if err != nil {

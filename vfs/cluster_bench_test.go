@@ -23,8 +23,8 @@ import (
 //	go test -run '^$' -bench '^BenchmarkCommitCluster$' -benchtime 2000x ./vfs   (make bench)
 func BenchmarkCommitCluster(b *testing.B) {
 	quiet(b)
-	nodes := startLoopbackCluster(b)
-	leader := nodes[clusterLeader(b, nodes[0])]
+	nodes, admins := startLoopbackCluster(b)
+	leader := nodes[clusterLeader(b, admins[0])]
 	var followers []string
 	for _, n := range nodes {
 		if n != leader {
@@ -52,25 +52,28 @@ func BenchmarkCommitCluster(b *testing.B) {
 }
 
 // startLoopbackCluster builds cmd/ursula and runs three nodes of one cluster on loopback
-// until the benchmark ends; it returns their host:port.
-func startLoopbackCluster(b *testing.B) []string {
+// until the benchmark ends; it returns the host:port of their client and admin listeners.
+func startLoopbackCluster(b *testing.B) (nodes, admins []string) {
 	dir := b.TempDir()
 	bin := filepath.Join(dir, "ursula")
 	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/ursula").CombinedOutput(); err != nil {
 		b.Fatalf("build ursula: %v\n%s", err, out)
 	}
-	var httpAddrs, raftAddrs []string
-	var held []net.Listener // until all six are picked, so no port repeats
-	for range 6 {
+	var httpAddrs, raftAddrs, adminAddrs []string
+	var held []net.Listener // until all nine are picked, so no port repeats
+	for range 9 {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			b.Fatal(err)
 		}
 		held = append(held, ln)
-		if len(httpAddrs) < 3 {
+		switch {
+		case len(httpAddrs) < 3:
 			httpAddrs = append(httpAddrs, ln.Addr().String())
-		} else {
+		case len(raftAddrs) < 3:
 			raftAddrs = append(raftAddrs, ln.Addr().String())
+		default:
+			adminAddrs = append(adminAddrs, ln.Addr().String())
 		}
 	}
 	var peers strings.Builder
@@ -85,8 +88,8 @@ func startLoopbackCluster(b *testing.B) []string {
 		}
 	})
 	for i := range 3 {
-		cfg := fmt.Sprintf("[server]\nlisten = %q\ndata_dir = %q\ncluster_id = \"bench-cluster\"\nengine = \"raft\"\ncluster_listen = %q\n\n[raft]\nnode_id = %d\ngroup_count = 1\ninit_membership_per_group = true\n%s",
-			httpAddrs[i], filepath.Join(dir, fmt.Sprintf("node%d", i+1)), raftAddrs[i], i+1, peers.String())
+		cfg := fmt.Sprintf("[server]\nlisten = %q\nadmin_listen = %q\ndata_dir = %q\ncluster_id = \"bench-cluster\"\nengine = \"raft\"\ncluster_listen = %q\n\n[raft]\nnode_id = %d\ngroup_count = 1\ninit_membership_per_group = true\n%s",
+			httpAddrs[i], adminAddrs[i], filepath.Join(dir, fmt.Sprintf("node%d", i+1)), raftAddrs[i], i+1, peers.String())
 		path := filepath.Join(dir, fmt.Sprintf("node%d.toml", i+1))
 		if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 			b.Fatal(err)
@@ -115,10 +118,11 @@ func startLoopbackCluster(b *testing.B) []string {
 			b.Fatalf("node %s not ready", a)
 		}
 	}
-	return httpAddrs
+	return httpAddrs, adminAddrs
 }
 
-// clusterLeader is the index of the node that leads group 0, as node at reports it.
+// clusterLeader is the index of the node that leads group 0, as the node whose admin
+// listener is at reports it.
 func clusterLeader(b *testing.B, at string) int {
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		res, err := http.Get("http://" + at + "/__ursula/raft/status")

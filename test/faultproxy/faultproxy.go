@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"math/rand"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -58,6 +59,44 @@ func (f Fault) String() string {
 func IsCommit(r *http.Request) bool {
 	seq := r.Header.Get("Producer-Seq")
 	return r.Method == http.MethodPost && seq != "" && seq != "0"
+}
+
+// Mixed returns a Choose function that faults about one matched request in three with a
+// fault drawn from rng: every kind, refusals with a status of statuses (marked or not when
+// refused before the server saw the request), delays under 5 ms. A refusal after the server
+// applied the request is never marked: a vouched marker on an applied write breaks the rule
+// the marker stands for (tests of that lie script it on purpose). The proxy calls the
+// function under its lock, so rng needs no lock of its own.
+func Mixed(rng *rand.Rand, statuses []int) func(*http.Request) Fault {
+	return func(*http.Request) Fault {
+		if rng.Intn(3) != 0 {
+			return Fault{}
+		}
+		switch k := Kind(rng.Intn(8)); k {
+		case RefuseBefore:
+			return Fault{Kind: k, Status: statuses[rng.Intn(len(statuses))], Marked: rng.Intn(2) == 0}
+		case RefuseAfter:
+			return Fault{Kind: k, Status: statuses[rng.Intn(len(statuses))]}
+		case Delay:
+			return Fault{Kind: k, Delay: time.Duration(rng.Intn(5)) * time.Millisecond}
+		default:
+			return Fault{Kind: k}
+		}
+	}
+}
+
+// Counts says how many matched requests got each kind of fault, as "kind=n" words.
+func (p *Proxy) Counts() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var b bytes.Buffer
+	for k := Forward; k <= Hold; k++ {
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%s=%d", k, p.counts[k])
+	}
+	return b.String()
 }
 
 // Proxy is a running fault proxy.

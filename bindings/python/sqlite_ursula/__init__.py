@@ -369,7 +369,14 @@ def _wrap(conn, fn, *a, **kw):
         t = _translate(conn, e)
         if t is e:
             raise
-        raise t from e
+        try:
+            raise t from e
+        finally:
+            # Without this the frame (holding the cursor) and the raised error would keep
+            # each other alive until a garbage collection, and with the cursor's
+            # statement the file stays open past close(): a reattach after a poisoned
+            # read would find it still open.
+            t = e = None
 
 
 class Cursor(sqlite3.Cursor):
