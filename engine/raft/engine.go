@@ -209,6 +209,7 @@ func Open(cfg Config) (*Engine, error) {
 			e.mux.clientTLS = cfg.PeerTLS.Client
 		}
 		e.mux.HandlePeers(e.servePeer)
+		e.mux.SetLog(cfg.RaftLog)
 	} else if !single {
 		return nil, errors.New("raftengine: a cluster listener is required with more than one peer")
 	}

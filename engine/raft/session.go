@@ -33,9 +33,9 @@ const maxAdvertLen = 1024
 // yamuxConfig tunes the sessions: a peer that stops answering pings for a few seconds
 // loses its session (its streams fail and Raft redials), and a stream may have up to
 // 1 MiB in flight so that large entries stream at loopback speed.
-func yamuxConfig() *yamux.Config {
+func (m *Mux) yamuxConfig() *yamux.Config {
 	c := yamux.DefaultConfig()
-	c.LogOutput = io.Discard
+	c.LogOutput = m.logOut // a refused TLS handshake shows here ("remote error: tls")
 	c.KeepAliveInterval = 2 * time.Second
 	c.ConnectionWriteTimeout = 5 * time.Second
 	c.StreamOpenTimeout = 15 * time.Second
@@ -90,7 +90,7 @@ func (m *Mux) session(ctx context.Context, addr string) (*yamux.Session, error) 
 		return nil, err
 	}
 	c.SetWriteDeadline(time.Time{})
-	s, err := yamux.Client(newCoalescer(c), yamuxConfig())
+	s, err := yamux.Client(newCoalescer(c), m.yamuxConfig())
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -139,7 +139,7 @@ func (m *Mux) acceptSession(c net.Conn) {
 		return
 	}
 	c.SetReadDeadline(time.Time{})
-	s, err := yamux.Server(newCoalescer(c), yamuxConfig())
+	s, err := yamux.Server(newCoalescer(c), m.yamuxConfig())
 	if err != nil {
 		c.Close()
 		return

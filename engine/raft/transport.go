@@ -43,7 +43,11 @@ type Mux struct {
 	sessions map[string]*sessEntry // peer address -> its session
 	live     map[*yamux.Session]struct{}
 	closed   bool
+	logOut   io.Writer // the sessions' errors (SetLog)
 }
+
+// SetLog sends the sessions' errors to w (default: discarded); before any dial.
+func (m *Mux) SetLog(w io.Writer) { m.logOut = w }
 
 // stringAddr is an advertised address that is no TCP address (a client URL).
 type stringAddr string
@@ -65,7 +69,7 @@ func NewMux(ln net.Listener, advertise string) *Mux {
 		}
 	}
 	m := &Mux{ln: ln, adv: adv, advName: advertise, groups: map[uint32]*streamLayer{}, done: make(chan struct{}),
-		sessions: map[string]*sessEntry{}, live: map[*yamux.Session]struct{}{}}
+		sessions: map[string]*sessEntry{}, live: map[*yamux.Session]struct{}{}, logOut: io.Discard}
 	go m.accept()
 	return m
 }
