@@ -35,6 +35,10 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		s.handleReady(w, r)
 		return
 	}
+	if raw == raftUpgradePath {
+		s.handleRaftUpgrade(w, r) // peers prove themselves with mutual TLS, not a token
+		return
+	}
 	if strings.HasPrefix(raw, "/__ursula/") || raw == "/__ursula" || raw == "/metrics" {
 		if r = s.guard(w, r, "", auth.Admin); r == nil {
 			return

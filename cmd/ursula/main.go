@@ -70,8 +70,8 @@ Server flags (flags override the config file):
                        fsync = "never"            # or "always"
                        [[raft.peers]]
                        node_id = 1
-                       url = "http://127.0.0.1:4437"
-                       raft_addr = "127.0.0.1:5437"
+                       url = "http://127.0.0.1:4437"  # Raft rides on this listener
+                       # raft_addr = "127.0.0.1:5437" # or a separate cluster listener
                        # ... one [[raft.peers]] per voter, this node included
                        [storage.cold]
                        backend = "fs"             # or "s3" ([storage.cold.s3]) or "none"
@@ -157,6 +157,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
+	if strings.HasPrefix(args[0], "--") { // the spec's form: ursula --config FILE --node-id N
+		return run(append([]string{"server"}, args...), stdout, stderr)
+	}
 	fmt.Fprintf(stderr, "ursula: unknown command %q\n\n%s", args[0], usage)
 	return 2
 }
@@ -168,8 +171,9 @@ type fileConfig struct {
 		ClusterID string `toml:"cluster_id"`
 		DataDir   string `toml:"data_dir"`
 		Engine    string `toml:"engine"`
-		// ClusterListen is the address the cluster listener binds (default: this node's
-		// raft_addr in raft.peers; differs when peers reach it through a proxy or NAT).
+		// ClusterListen is the address a separate cluster listener binds (default: this
+		// node's raft_addr in raft.peers; differs when peers reach it through a proxy or
+		// NAT). Without either, the client listener carries Raft (clusterListener).
 		ClusterListen string `toml:"cluster_listen"`
 		// AdminListen is the admin listener (lifecycle.go).
 		AdminListen string `toml:"admin_listen"`
@@ -195,10 +199,12 @@ type fileConfig struct {
 		// Leadership balancer interval ("30s" by default, "0" turns it off).
 		LeaderBalanceInterval string `toml:"leader_balance_interval"`
 		// Mutual TLS of the peer transport (security.go): the cluster CA and this node's pair.
-		TLSCAFile   string `toml:"tls_ca_file"`
-		TLSCertFile string `toml:"tls_cert_file"`
-		TLSKeyFile  string `toml:"tls_key_file"`
-		WAL         struct {
+		// One multiplexed connection per peer for every group (off: one per group).
+		SharedPeerConnection bool   `toml:"shared_peer_connection"`
+		TLSCAFile            string `toml:"tls_ca_file"`
+		TLSCertFile          string `toml:"tls_cert_file"`
+		TLSKeyFile           string `toml:"tls_key_file"`
+		WAL                  struct {
 			Path        string `toml:"path"`
 			Fsync       string `toml:"fsync"`
 			SegmentSize int64  `toml:"segment_size"`
@@ -206,7 +212,7 @@ type fileConfig struct {
 		Peers []struct {
 			NodeID   uint64 `toml:"node_id"`
 			URL      string `toml:"url"`
-			RaftAddr string `toml:"raft_addr"`
+			RaftAddr string `toml:"raft_addr"` // optional: a separate cluster listener
 		} `toml:"peers"`
 	} `toml:"raft"`
 	Storage storageConfig `toml:"storage"` // [storage.cold], cold.go
@@ -312,7 +318,7 @@ func runServer(args []string, stderr io.Writer) error {
 	if engineName == "memory" {
 		eng = engine.NewMemory(10 * time.Second)
 	} else {
-		re, closeLog, err := openRaft(&fc, dataDir, sec.scheme()+"://"+ln.Addr().String(), joining, sec, stderr, logger, &lim)
+		re, closeLog, err := openRaft(&fc, dataDir, sec.scheme()+"://"+ln.Addr().String(), ln.Addr(), joining, sec, stderr, logger, &lim)
 		if err != nil {
 			ln.Close()
 			return err
@@ -396,7 +402,7 @@ func runServer(args []string, stderr io.Writer) error {
 }
 
 // openRaft opens the node log and the raft engine as configured.
-func openRaft(fc *fileConfig, dataDir, selfURL string, joining bool, sec *security, stderr io.Writer, logger *slog.Logger, lim *resolvedLimits) (*raftengine.Engine, func(), error) {
+func openRaft(fc *fileConfig, dataDir, selfURL string, httpAddr net.Addr, joining bool, sec *security, stderr io.Writer, logger *slog.Logger, lim *resolvedLimits) (*raftengine.Engine, func(), error) {
 	rc := &fc.Raft
 	if rc.NodeID == 0 {
 		if len(rc.Peers) > 0 {
@@ -410,13 +416,18 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, joining bool, sec *securi
 		if p.NodeID == 0 {
 			return nil, nil, errors.New("raft.peers: node_id must be non-zero")
 		}
-		if len(rc.Peers) > 1 && (p.URL == "" || p.RaftAddr == "") {
-			return nil, nil, fmt.Errorf("raft.peers: node %d needs url and raft_addr", p.NodeID)
+		u := strings.TrimRight(p.URL, "/")
+		if len(rc.Peers) > 1 {
+			if err := checkPeerURL(p.NodeID, u); err != nil {
+				return nil, nil, err
+			}
 		}
 		if p.NodeID == rc.NodeID {
 			self = i
 		}
-		peers = append(peers, raftengine.Peer{ID: p.NodeID, URL: strings.TrimRight(p.URL, "/"), RaftAddr: p.RaftAddr})
+		// Without raft_addr, the peer's client listener carries its Raft traffic (an
+		// HTTP upgrade): its Raft address is its URL.
+		peers = append(peers, raftengine.Peer{ID: p.NodeID, URL: u, RaftAddr: pickStr(p.RaftAddr, u)})
 	}
 	if len(rc.Peers) > 0 && self < 0 {
 		return nil, nil, fmt.Errorf("raft.peers must include this node (node_id %d)", rc.NodeID)
@@ -424,10 +435,8 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, joining bool, sec *securi
 	if len(peers) == 0 {
 		peers = []raftengine.Peer{{ID: rc.NodeID, URL: selfURL}}
 		if joining {
-			if fc.Server.ClusterListen == "" {
-				return nil, nil, errors.New("a joining node needs server.cluster_listen (the address the cluster reaches it at)")
-			}
-			peers[0].RaftAddr = fc.Server.ClusterListen
+			// The cluster reaches it at its cluster listener, or through its URL.
+			peers[0].RaftAddr = pickStr(fc.Server.ClusterListen, selfURL)
 			self = 0
 		}
 	}
@@ -469,7 +478,8 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, joining bool, sec *securi
 		SnapshotThreshold: rc.SnapshotThreshold, TrailingLogs: rc.TrailingLogs,
 		Logger: logger, RaftLog: stderr, WriteAdmission: guard.WriteRefusal,
 		// Shared entries paid off only where every append waits for an fsync.
-		BatchProposals: fsync == raftlog.FsyncAlways,
+		BatchProposals:       fsync == raftlog.FsyncAlways,
+		SharedPeerConnection: rc.SharedPeerConnection,
 	}
 	for _, v := range []*bool{rc.InitMembershipPerGroup, rc.InitMembership} {
 		if v != nil {
@@ -477,17 +487,12 @@ func openRaft(fc *fileConfig, dataDir, selfURL string, joining bool, sec *securi
 		}
 	}
 	if len(peers) > 1 || joining {
-		bind := pickStr(fc.Server.ClusterListen, peers[self].RaftAddr)
-		if err := sec.checkClusterListener(bind, fc.Server.Insecure, logger); err != nil {
+		ln, err := clusterListener(fc, peers[self], sec, httpAddr, logger)
+		if err != nil {
 			nl.Close()
 			return nil, nil, err
 		}
 		cfg.PeerTLS = sec.peer
-		ln, err := net.Listen("tcp", bind)
-		if err != nil {
-			nl.Close()
-			return nil, nil, fmt.Errorf("cluster listener %s: %w", bind, err)
-		}
 		cfg.Listener = ln
 	}
 	balance := 30 * time.Second

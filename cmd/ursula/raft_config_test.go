@@ -25,7 +25,9 @@ raft_addr = "127.0.0.1:4"
 		{"self not a peer", "[raft]\nnode_id = 3\n" + peers, "", "raft.peers must include this node"},
 		{"--node-id picks self", "[raft]\nnode_id = 1\n" + peers, "--node-id 7", "raft.peers must include this node (node_id 7)"},
 		{"bad fsync", "[raft.wal]\nfsync = \"sometimes\"\n", "", "raft.wal.fsync"},
-		{"peer without address", "[raft]\nnode_id = 1\n[[raft.peers]]\nnode_id = 1\nurl = \"http://x\"\n[[raft.peers]]\nnode_id = 2\nurl = \"http://y\"\n", "", "needs url and raft_addr"},
+		{"peer without url", "[raft]\nnode_id = 1\n[[raft.peers]]\nnode_id = 1\nurl = \"http://x\"\n[[raft.peers]]\nnode_id = 2\nraft_addr = \"127.0.0.1:2\"\n", "", "node 2 needs url"},
+		{"peer url not a URL", "[raft]\nnode_id = 1\n[[raft.peers]]\nnode_id = 1\nurl = \"http://x\"\n[[raft.peers]]\nnode_id = 2\nurl = \"10.0.0.2:4437\"\n", "", "node 2 needs url"},
+		{"cluster_listen without raft_addr", "[server]\ncluster_listen = \"127.0.0.1:0\"\n[raft]\nnode_id = 1\n[[raft.peers]]\nnode_id = 1\nurl = \"http://127.0.0.1:1\"\n[[raft.peers]]\nnode_id = 2\nurl = \"http://127.0.0.1:3\"\n", "", "gives node 1 no raft_addr"},
 		{"unknown engine", "", "--engine rocks", `engine "rocks" is not available`},
 		{"unknown raft key", "[raft]\ngroups = 3\n", "", "unknown keys: raft.groups"},
 	}

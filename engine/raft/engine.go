@@ -111,6 +111,10 @@ type Config struct {
 	// Measured a gain only with a journal that fsyncs every append; off, every command
 	// is its own entry.
 	BatchProposals bool
+	// SharedPeerConnection: every group's Raft connections and the peer channel to a peer
+	// ride one multiplexed connection with coalesced writes (session.go). Off: one
+	// connection per group and stream, as hashicorp/raft pools them.
+	SharedPeerConnection bool
 }
 
 // Engine implements engine.Engine on multi-Raft.
@@ -213,10 +217,12 @@ func Open(cfg Config) (*Engine, error) {
 			ln = tls.NewListener(ln, cfg.PeerTLS.Server)
 		}
 		e.mux = NewMux(ln, e.self.RaftAddr)
+		e.mux.shared = cfg.SharedPeerConnection
 		if cfg.PeerTLS != nil {
 			e.mux.clientTLS = cfg.PeerTLS.Client
 		}
 		e.mux.HandlePeers(e.servePeer)
+		e.mux.SetLog(cfg.RaftLog)
 	} else if !single {
 		return nil, errors.New("raftengine: a cluster listener is required with more than one peer")
 	}

@@ -11,26 +11,53 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/hashicorp/yamux"
 )
 
-// Mux carries the Raft traffic of every group over one cluster listener. Each connection
-// starts with an 8-byte preamble: the magic "URG1" then the group id (uint32 big endian).
-// The mux hands the rest of the connection to that group's raft.NetworkTransport, so every
-// group keeps hashicorp/raft's own wire protocol, pipelining and connection pool. A
-// connection whose preamble is "URP1" and four zero bytes carries one request of the
-// engine's peer channel (peer.go) instead.
+// Mux carries the Raft traffic of every group over one cluster listener: a TCP listener
+// of its own (server.cluster_listen), or the node's HTTP listener, whose upgrade route
+// hands Raft connections over (UpgradeListener, upgrade.go).
+//
+// Each stream starts with an 8-byte preamble: the magic "URG1" then the group id (uint32
+// big endian). The mux hands the rest of the stream to that group's
+// raft.NetworkTransport, so every group keeps hashicorp/raft's own wire protocol,
+// pipelining and connection pool. A stream whose preamble is "URP1" and four zero bytes
+// carries one request of the engine's peer channel (peer.go) instead. With a shared peer
+// connection (Config.SharedPeerConnection) this node dials every stream inside one yamux
+// session per peer (session.go): a physical connection starts with "URS1" and carries
+// every group's streams. Otherwise, and always on the accepting side, a physical
+// connection that starts with "URG1" or "URP1" is one stream by itself.
 type Mux struct {
-	ln     net.Listener
-	adv    net.Addr
-	mu     sync.Mutex
-	groups map[uint32]*streamLayer
-	peers  func(net.Conn) // handler of peer-channel connections
+	ln      net.Listener
+	adv     net.Addr
+	advName string // this node's cluster address as peers dial it (announced in sessions)
+	mu      sync.Mutex
+	groups  map[uint32]*streamLayer
+	peers   func(net.Conn) // handler of peer-channel connections
 	// clientTLS, when set, wraps every outgoing peer connection (mutual TLS); set once
 	// before any dial.
 	clientTLS *tls.Config
 	done      chan struct{}
 	once      sync.Once
+
+	smu      sync.Mutex
+	sessions map[string]*sessEntry // peer address -> its session
+	live     map[*yamux.Session]struct{}
+	closed   bool
+	logOut   io.Writer // the sessions' errors (SetLog)
+	// shared: dial every stream inside one session per peer (session.go); else each
+	// stream is a physical connection of its own. Set once before any dial.
+	shared bool
 }
+
+// SetLog sends the sessions' errors to w (default: discarded); before any dial.
+func (m *Mux) SetLog(w io.Writer) { m.logOut = w }
+
+// stringAddr is an advertised address that is no TCP address (a client URL).
+type stringAddr string
+
+func (a stringAddr) Network() string { return "ursula" }
+func (a stringAddr) String() string  { return string(a) }
 
 var muxMagic = [4]byte{'U', 'R', 'G', '1'}
 
@@ -41,9 +68,12 @@ func NewMux(ln net.Listener, advertise string) *Mux {
 	if advertise != "" {
 		if a, err := net.ResolveTCPAddr("tcp", advertise); err == nil {
 			adv = a
+		} else {
+			adv = stringAddr(advertise)
 		}
 	}
-	m := &Mux{ln: ln, adv: adv, groups: map[uint32]*streamLayer{}, done: make(chan struct{})}
+	m := &Mux{ln: ln, adv: adv, advName: advertise, groups: map[uint32]*streamLayer{}, done: make(chan struct{}),
+		sessions: map[string]*sessEntry{}, live: map[*yamux.Session]struct{}{}, logOut: io.Discard}
 	go m.accept()
 	return m
 }
@@ -54,7 +84,9 @@ func (m *Mux) Addr() net.Addr { return m.adv }
 // Close stops the listener and every group layer.
 func (m *Mux) Close() error {
 	m.once.Do(func() { close(m.done) })
-	return m.ln.Close()
+	err := m.ln.Close()
+	m.closeSessions()
+	return err
 }
 
 func (m *Mux) accept() {
@@ -73,14 +105,24 @@ func (m *Mux) accept() {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		go m.route(c)
+		go m.route(c, true)
 	}
 }
 
-func (m *Mux) route(c net.Conn) {
+// route serves one connection of the listener (physical) or one stream of a session by
+// its preamble.
+func (m *Mux) route(c net.Conn, physical bool) {
 	var pre [8]byte
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.ReadFull(c, pre[:]); err != nil {
+	if _, err := io.ReadFull(c, pre[:4]); err != nil {
+		c.Close()
+		return
+	}
+	if physical && [4]byte(pre[:4]) == sessMagic {
+		m.acceptSession(c)
+		return
+	}
+	if _, err := io.ReadFull(c, pre[4:]); err != nil {
 		c.Close()
 		return
 	}
@@ -148,18 +190,28 @@ type PeerTLS struct {
 	Client *tls.Config
 }
 
-// dial connects to a peer at addr, over TLS when the mux has a client config (the
-// handshake is done here, so that a refused certificate fails the dial).
-func (m *Mux) dial(ctx context.Context, addr string) (net.Conn, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
+// dialConn opens a physical connection to the node at addr: TCP to a cluster listener
+// (host:port), or an HTTP upgrade at a client URL (upgrade.go). Over TLS when the mux has
+// a client config (the handshake is done here, so that a refused certificate fails the
+// dial); at a URL that TLS runs inside the upgraded connection.
+func (m *Mux) dialConn(ctx context.Context, addr string) (net.Conn, error) {
+	var c net.Conn
+	var err error
+	host := addr
+	if isURL(addr) {
+		c, host, err = dialUpgrade(ctx, addr, m.clientTLS != nil)
+	} else {
+		var d net.Dialer
+		c, err = d.DialContext(ctx, "tcp", addr)
+		host, _, _ = net.SplitHostPort(addr)
+	}
 	if err != nil || m.clientTLS == nil {
 		return c, err
 	}
 	cfg := m.clientTLS
 	if cfg.ServerName == "" {
 		cfg = cfg.Clone()
-		cfg.ServerName, _, _ = net.SplitHostPort(addr)
+		cfg.ServerName = host
 	}
 	tc := tls.Client(c, cfg)
 	if err := tc.HandshakeContext(ctx); err != nil {

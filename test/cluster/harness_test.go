@@ -58,6 +58,7 @@ type node struct {
 	config string
 	log    string
 	args   []string // extra server flags
+	dir    string   // working directory ("" = the test's)
 	mu     sync.Mutex
 	cmd    *exec.Cmd
 	done   chan struct{}
@@ -71,6 +72,7 @@ func (n *node) start() {
 	}
 	cmd := exec.Command(binPath, append([]string{"server", "--config", n.config}, n.args...)...)
 	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Dir = n.dir
 	if err := cmd.Start(); err != nil {
 		n.t.Fatal(err)
 	}
