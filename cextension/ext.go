@@ -114,6 +114,9 @@ func ursulaOpen(cpath *C.char, flags C.int, real *C.sqlite3_file, fence **C.int,
 		}
 	}()
 	path := C.GoString(cpath)
+	if k, ok := lazyOpenNamed(path, flags, h); ok {
+		return k
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	switch {
