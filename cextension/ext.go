@@ -382,6 +382,9 @@ func attach(path, url string, readOnly bool) (uint64, error) {
 	if err != nil {
 		return 0, setupErr(replicator.KindLocalSetup, "cannot resolve %s: %v", path, err)
 	}
+	if lazyNamed(abs) {
+		return 0, setupErr(replicator.KindInUse, "%s is a lazy name (ursula_lazy_open) in this process; attach another path", abs)
+	}
 	attachMu.Lock()
 	defer attachMu.Unlock()
 

@@ -195,6 +195,12 @@ func lazyRegister(path string, params map[string]string) (uint64, error) {
 	return src.View().Offset(), nil
 }
 
+func lazyNamed(path string) bool {
+	lazyMu.Lock()
+	defer lazyMu.Unlock()
+	return lazyNames[path] != nil
+}
+
 // lazyOpenNamed answers ursulaOpen for a registered lazy name: ok is false when path is
 // none of one. A main file opens lazily (URSULA_FILE_LAZY, *h the lazy handle); a -wal
 // or -journal beside it is refused.

@@ -185,6 +185,10 @@ func TestLazyOpenFunction(t *testing.T) {
 	if err == nil || !strings.Contains(out, "readonly") {
 		t.Fatalf("a write to a lazy name: %v\n%s", err, out)
 	}
+	out, err = runErr(fmt.Sprintf("%sSELECT ursula_lazy_open('%s', '%s');\nSELECT ursula_attach('%s', '%s');\n", load, name, streamURL, name, streamURL), nil, "sqlite3")
+	if err == nil || !strings.Contains(out, "ursula_attach: in_use") {
+		t.Fatalf("attaching a lazy name: %v\n%s", err, out)
+	}
 	for _, c := range []struct{ args, want string }{
 		{`'` + name + `', '` + e.base + `/lazyext/absent'`, "ursula_lazy_open: not_found"},
 		{`'` + name + `', 'nohost'`, "ursula_lazy_open: invalid_url"},
