@@ -127,6 +127,9 @@ func ursulaOpen(cpath *C.char, flags C.int, real *C.sqlite3_file, fence **C.int,
 		}
 	}()
 	path := C.GoString(cpath)
+	if k, ok := lazyOpenNamed(path, flags, h); ok {
+		return k
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	switch {
@@ -322,6 +325,9 @@ func attach(path, url string, readOnly bool) (uint64, error) {
 	abs, err := canonical(path)
 	if err != nil {
 		return 0, setupErr(replicator.KindLocalSetup, "cannot resolve %s: %v", path, err)
+	}
+	if lazyNamed(abs) {
+		return 0, setupErr(replicator.KindInUse, "%s is a lazy name (ursula_lazy_open) in this process; attach another path", abs)
 	}
 	attachMu.Lock()
 	defer attachMu.Unlock()

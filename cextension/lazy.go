@@ -14,11 +14,13 @@ import (
 	"io"
 	"os"
 	"runtime/cgo"
+	"strings"
 	"sync"
 	"unsafe"
 
 	"github.com/ursula-go/ursula/lazy"
 	"github.com/ursula-go/ursula/replicator"
+	"github.com/ursula-go/ursula/streamcore"
 )
 
 // The ursula-lazy VFS (shim.c): file:NAME?vfs=ursula-lazy&url=STREAM_URL opens a
@@ -55,10 +57,8 @@ func ursulaLazyOpen(curl, cat, cfollow, ccache *C.char, h *C.uintptr_t, errOut *
 		*errOut = C.CString(err.Error())
 		return C.URSULA_CANTOPEN
 	}
-	// The same client settings as an attach (URSULA_VFS_CA_FILE, token, idle time).
-	lazyPoolOnce.Do(func() { lazyPool.Client, lazyPoolErr = replicator.NewClient(url, os.Stderr) })
-	if lazyPoolErr != nil {
-		*errOut = C.CString(fmt.Sprintf("%s: %v", url, lazyPoolErr))
+	if err := lazyClient(url); err != nil {
+		*errOut = C.CString(fmt.Sprintf("%s: %v", url, err))
 		return C.URSULA_CANTOPEN
 	}
 	src, err := lazyPool.Acquire(context.Background(), url, opts)
@@ -124,4 +124,124 @@ func ursulaLazyClose(h C.uintptr_t) {
 	lh := handle.Value().(*lazyHandle)
 	handle.Delete()
 	lazyPool.Release(lh.src)
+}
+
+// Lazy names: ursula_lazy_open(path, url [, at [, follow [, cache_mb]]]) registers a
+// local path (which need not exist) as served by the lazy source of url, so that a
+// program that cannot name a VFS or pass a URI (better-sqlite3) opens it lazily through
+// the default ursula VFS: its xOpen of the main file hands the open to the lazy side,
+// read-only, and refuses a -wal or -journal beside it.
+
+type lazyName struct {
+	url  string
+	opts lazy.Options
+	held *lazy.Source // the registration's hold, until the first open takes its own
+}
+
+var (
+	lazyMu    sync.Mutex
+	lazyNames = map[string]*lazyName{}
+)
+
+// ursulaLazyRegister is ursula_lazy_open: it indexes the stream now (a bad URL, a missing
+// stream or an unreadable offset is an error here, not at the open) and answers the
+// offset the first open of path reads at.
+//
+//export ursulaLazyRegister
+func ursulaLazyRegister(cpath, curl, cat, cfollow, ccache *C.char, rc *C.int) (out *C.char) {
+	defer func() {
+		if r := recover(); r != nil {
+			logEvent("error", "panic", "entry=ursula_lazy_open message=%q", fmt.Sprint(r))
+			out = answer(fmt.Sprintf("ursula_lazy_open: internal: panic: %v", r), C.URSULA_ERROR, rc)
+		}
+	}()
+	off, err := lazyRegister(C.GoString(cpath), map[string]string{"url": C.GoString(curl), "at": C.GoString(cat),
+		"follow": C.GoString(cfollow), "cache_mb": C.GoString(ccache)})
+	if err != nil {
+		s, code := fnError("ursula_lazy_open", err)
+		return answer(s, code, rc)
+	}
+	return answer(streamcore.FormatOffset(off), C.URSULA_OK, rc)
+}
+
+func lazyRegister(path string, params map[string]string) (uint64, error) {
+	if path == "" || path == ":memory:" || strings.HasPrefix(path, "file:") {
+		return 0, setupErr(replicator.KindInvalidArg, "the name must be a plain file path (not %q)", path)
+	}
+	url, opts, err := lazy.ParseURI(func(k string) string { return params[k] })
+	if err != nil {
+		return 0, setupErr(replicator.KindInvalidArg, "%s", strings.TrimPrefix(err.Error(), "ursula-lazy: "))
+	}
+	if err := replicator.CheckURL(url); err != nil {
+		return 0, err
+	}
+	abs, err := canonical(path)
+	if err != nil {
+		return 0, setupErr(replicator.KindLocalSetup, "cannot resolve %s: %v", path, err)
+	}
+	mu.Lock()
+	attached := states[abs] != nil
+	mu.Unlock()
+	if attached {
+		return 0, setupErr(replicator.KindInUse, "%s is attached to a stream in this process; a lazy name must be another path", abs)
+	}
+	if err := lazyClient(url); err != nil {
+		return 0, err
+	}
+	src, err := lazyPool.Acquire(context.Background(), url, opts)
+	if err != nil {
+		return 0, err
+	}
+	lazyMu.Lock()
+	old := lazyNames[abs]
+	lazyNames[abs] = &lazyName{url: url, opts: opts, held: src}
+	lazyMu.Unlock()
+	if old != nil && old.held != nil {
+		lazyPool.Release(old.held)
+	}
+	return src.View().Offset(), nil
+}
+
+func lazyNamed(path string) bool {
+	lazyMu.Lock()
+	defer lazyMu.Unlock()
+	return lazyNames[path] != nil
+}
+
+// lazyOpenNamed answers ursulaOpen for a registered lazy name: ok is false when path is
+// none of one. A main file opens lazily (URSULA_FILE_LAZY, *h the lazy handle); a -wal
+// or -journal beside it is refused.
+func lazyOpenNamed(path string, flags C.int, h *C.uintptr_t) (kind C.int, ok bool) {
+	const mainDB, wal, journal = 0x00000100, 0x00080000, 0x00000800
+	lazyMu.Lock()
+	defer lazyMu.Unlock()
+	switch {
+	case flags&mainDB != 0:
+		n := lazyNames[path]
+		if n == nil {
+			return 0, false
+		}
+		src, err := lazyPool.Acquire(context.Background(), n.url, n.opts)
+		if err != nil {
+			logEvent("warn", "lazy_open_failed", "file=%q url=%q err=%q", path, n.url, err.Error())
+			return -C.URSULA_CANTOPEN, true
+		}
+		if n.held != nil {
+			lazyPool.Release(n.held)
+			n.held = nil
+		}
+		*h = C.uintptr_t(cgo.NewHandle(&lazyHandle{f: src.NewFile(), src: src}))
+		return C.URSULA_FILE_LAZY, true
+	case flags&wal != 0 && lazyNames[strings.TrimSuffix(path, "-wal")] != nil,
+		flags&journal != 0 && lazyNames[strings.TrimSuffix(path, "-journal")] != nil:
+		return -C.URSULA_CANTOPEN, true // a lazy database has no journal and writes none
+	}
+	return 0, false
+}
+
+// lazyClient gives the lazy pool its client once, with the same settings as an attach
+// (URSULA_VFS_CA_FILE, token, idle time); url only names the events it logs.
+func lazyClient(url string) error {
+	lazyPoolOnce.Do(func() { lazyPool.Client, lazyPoolErr = replicator.NewClient(url, os.Stderr) })
+	return lazyPoolErr
 }

@@ -159,3 +159,45 @@ func pyList(qs []string) string {
 	b.WriteString("]")
 	return b.String()
 }
+
+// TestLazyOpenFunction: ursula_lazy_open registers a plain path (which does not exist) as
+// a lazy database; a plain open of it through the default ursula VFS (as better-sqlite3
+// does) answers as a full download at the tail and at a past offset, refuses writes,
+// creates no file, and a bad URL or argument is a clear error from the function.
+func TestLazyOpenFunction(t *testing.T) {
+	e := setup(t)
+	streamURL, before, tail := lazyStream(t, e, "named")
+	load := ".bail on\n.load " + strings.TrimSuffix(e.so, ".so") + "\n"
+	for i, at := range []uint64{tail, before} {
+		name := filepath.Join(e.dir, fmt.Sprintf("named-%d.db", i))
+		script := fmt.Sprintf("%sSELECT ursula_lazy_open('%s', '%s', %d);\n.open %s\n%s\n", load, name, streamURL, at, name, strings.Join(lazyQueries, "\n"))
+		got := run(t, script, nil, "sqlite3")
+		want := fmt.Sprintf("%020d\n", at) + fullAnswers(t, streamURL, at)
+		if got != want {
+			t.Fatalf("at %d: lazy name\n%.500s\nfull\n%.500s", at, got, want)
+		}
+		if _, err := os.Stat(name); !os.IsNotExist(err) {
+			t.Fatalf("the lazy name %s exists on disk: %v", name, err)
+		}
+	}
+	name := filepath.Join(e.dir, "named-w.db")
+	out, err := runErr(fmt.Sprintf("%sSELECT ursula_lazy_open('%s', '%s');\n.open %s\nINSERT INTO notes(id) VALUES (99999);\n", load, name, streamURL, name), nil, "sqlite3")
+	if err == nil || !strings.Contains(out, "readonly") {
+		t.Fatalf("a write to a lazy name: %v\n%s", err, out)
+	}
+	out, err = runErr(fmt.Sprintf("%sSELECT ursula_lazy_open('%s', '%s');\nSELECT ursula_attach('%s', '%s');\n", load, name, streamURL, name, streamURL), nil, "sqlite3")
+	if err == nil || !strings.Contains(out, "ursula_attach: in_use") {
+		t.Fatalf("attaching a lazy name: %v\n%s", err, out)
+	}
+	for _, c := range []struct{ args, want string }{
+		{`'` + name + `', '` + e.base + `/lazyext/absent'`, "ursula_lazy_open: not_found"},
+		{`'` + name + `', 'nohost'`, "ursula_lazy_open: invalid_url"},
+		{`'` + name + `', '` + streamURL + `', 'soon'`, "ursula_lazy_open: invalid_argument: at=\"soon\""},
+		{`'` + name + `'`, "ursula_lazy_open: invalid_argument"},
+	} {
+		out, err := runErr(fmt.Sprintf("%sSELECT ursula_lazy_open(%s);\n", load, c.args), nil, "sqlite3")
+		if err == nil || !strings.Contains(out, c.want) {
+			t.Errorf("ursula_lazy_open(%s): %v\n%s\nwant %q", c.args, err, out, c.want)
+		}
+	}
+}

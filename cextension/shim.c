@@ -18,6 +18,8 @@
  *
  * A second VFS, "ursula-lazy" (not the default), opens a stream lazily and read-only:
  * file:NAME?vfs=ursula-lazy&url=STREAM_URL reads pages on demand through the Go side.
+ * ursula_lazy_open(path, url, ...) registers a plain path as such a database, so that the
+ * default VFS serves it lazily too (for programs that cannot name a VFS in a URI).
  *
  * The extension uses the host's SQLite only, through the extension API routines.
  */
@@ -214,6 +216,8 @@ static const sqlite3_io_methods uMethods = {
 
 /* ---- vfs methods --------------------------------------------------------------------- */
 
+static int lazyNamedOpen(sqlite3_file *f, uintptr_t h, int flags, int *outFlags);
+
 static int uOpen(sqlite3_vfs *vfs, const char *name, sqlite3_file *f, int flags, int *outFlags) {
   UFile *u = (UFile *)f;
   int kind = URSULA_FILE_PLAIN, rc;
@@ -224,6 +228,7 @@ static int uOpen(sqlite3_vfs *vfs, const char *name, sqlite3_file *f, int flags,
     uintptr_t h = 0;
     kind = ursulaOpen((char *)name, flags, u->real, &fence, &h);
     if (kind < 0) return -kind; /* refused (SQLITE_CANTOPEN) */
+    if (kind == URSULA_FILE_LAZY) return lazyNamedOpen(f, h, flags, outFlags);
     u->fence = fence;
     u->h = h;
   }
@@ -371,6 +376,17 @@ static int lzOpen(sqlite3_vfs *vfs, const char *name, sqlite3_file *f, int flags
   return SQLITE_OK;
 }
 
+/* lazyNamedOpen makes f (sized for a UFile, larger than an LFile) the lazy file of a name
+ * ursula_lazy_open registered: the default VFS serves it as ursula-lazy would. */
+static int lazyNamedOpen(sqlite3_file *f, uintptr_t h, int flags, int *outFlags) {
+  LFile *l = (LFile *)f;
+  memset(l, 0, sizeof(*l));
+  l->h = h;
+  l->base.pMethods = &lzMethods;
+  if (outFlags) *outFlags = (flags & ~(SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE)) | SQLITE_OPEN_READONLY;
+  return SQLITE_OK;
+}
+
 static int lzAccess(sqlite3_vfs *v, const char *name, int flags, int *out) {
   *out = 0; /* no journal, no WAL, no hot anything */
   return SQLITE_OK;
@@ -439,6 +455,27 @@ static void fnStats(sqlite3_context *ctx, int argc, sqlite3_value **argv) {
   finish(ctx, s, rc);
 }
 
+/* ursula_lazy_open(path, url [, at [, follow [, cache_mb]]]): NULL or '' for a default. */
+static void fnLazyOpen(sqlite3_context *ctx, int argc, sqlite3_value **argv) {
+  int rc = SQLITE_OK, i;
+  const char *a[5] = {0, 0, "", "", ""};
+  char *s;
+  if (argc < 2 || argc > 5) {
+    sqlite3_result_error(ctx, "ursula_lazy_open: invalid_argument: want (path, url [, at [, follow [, cache_mb]]])", -1);
+    return;
+  }
+  for (i = 0; i < argc; i++) {
+    const char *v = textArg(argv[i]);
+    if (v) a[i] = v;
+  }
+  if (!a[0] || !a[1]) {
+    sqlite3_result_error(ctx, "ursula_lazy_open: invalid_argument: path and url must be text", -1);
+    return;
+  }
+  s = ursulaLazyRegister((char *)a[0], (char *)a[1], (char *)a[2], (char *)a[3], (char *)a[4], &rc);
+  finish(ctx, s, rc);
+}
+
 static void fnSetToken(sqlite3_context *ctx, int argc, sqlite3_value **argv) {
   const char *tok = textArg(argv[0]);
   ursulaSetToken((char *)(tok ? tok : ""));
@@ -453,6 +490,7 @@ static int registerFunctions(sqlite3 *db) {
   if (rc == SQLITE_OK) rc = sqlite3_create_function(db, "ursula_status", 1, fl, 0, fnStatus, 0, 0);
   if (rc == SQLITE_OK) rc = sqlite3_create_function(db, "ursula_stats", 1, fl, 0, fnStats, 0, 0);
   if (rc == SQLITE_OK) rc = sqlite3_create_function(db, "ursula_set_token", 1, fl, 0, fnSetToken, 0, 0);
+  if (rc == SQLITE_OK) rc = sqlite3_create_function(db, "ursula_lazy_open", -1, fl, 0, fnLazyOpen, 0, 0);
   return rc;
 }
 

@@ -13,6 +13,7 @@ typedef struct sqlite3_file sqlite3_file;
 #define URSULA_FILE_WAL 2   /* the -wal of an attached (owner) database: writes go to Go */
 #define URSULA_FILE_MAIN_RO 3 /* the main file of a read-only attach: opened read-only */
 #define URSULA_FILE_WAL_RO 4  /* the -wal of a read-only attach: writes refused */
+#define URSULA_FILE_LAZY 5    /* the main file of a name ursula_lazy_open registered */
 
 /* Result codes Go hands back (copied from sqlite3.h so Go needs no SQLite header). */
 #define URSULA_OK 0

@@ -87,7 +87,7 @@ function fromFunctionError(e) {
   const m = FN_ERROR.exec(e && e.message);
   if (!m) return e;
   const [, fn, kind, msg] = m;
-  const cls = errorClass(kind, fn === 'ursula_attach' || kind === 'not_attached' || kind === 'attach_failed');
+  const cls = errorClass(kind, fn === 'ursula_attach' || fn === 'ursula_lazy_open' || kind === 'not_attached' || kind === 'attach_failed');
   return new cls(e.message, { kind, action: actionFor(cls, kind), reason: msg, fenced: kind === 'fenced', cause: e });
 }
 
@@ -389,8 +389,34 @@ function open(url, options = {}) {
   return db;
 }
 
+let lazyNames = 0;
+
+// openLazy opens the database replicated on the stream at url lazily and read-only: no
+// local copy, pages are fetched on demand (the extension's ursula-lazy source). options:
+// at (a stream offset: the database as of it; default the tail now), follow (each new
+// read transaction sees the latest commits; not with at), cacheMb (the page cache bound,
+// default 64), and better-sqlite3's own options. A bad URL, a missing stream or an
+// unreadable offset throws an UrsulaSetupError here. db.ursulaOffset is the offset read.
+function openLazy(url, options = {}) {
+  const { at = null, follow = false, cacheMb = null, ...dbOptions } = options;
+  loadUrsulaVfs();
+  // A name that never exists on disk: ursula_lazy_open makes the ursula VFS serve it.
+  const name = path.join(os.tmpdir(), `ursula-lazy-${process.pid}-${++lazyNames}.db`);
+  const offset = call('SELECT ursula_lazy_open(?, ?, ?, ?, ?)', name, url,
+    at === null || at === undefined ? null : String(at), follow ? '1' : null,
+    cacheMb === null || cacheMb === undefined ? null : String(cacheMb));
+  let db;
+  try {
+    db = new UrsulaDatabase(name, { ...dbOptions, readonly: true });
+  } catch (e) {
+    throw new UrsulaSetupError(`cannot open ${url} lazily: ${e.message}`, { kind: 'local_setup', cause: e });
+  }
+  db.ursulaOffset = offset;
+  return db;
+}
+
 module.exports = {
-  open, attach, status, stats, setToken, loadUrsulaVfs, extensionPath,
+  open, openLazy, attach, status, stats, setToken, loadUrsulaVfs, extensionPath,
   localPath, canonicalURL, defaultFileName,
   // for the ./node-sqlite and ./pi entries, not an API
   internal: { absPath, fromFunctionError, errorClass, actionFor },

@@ -16,10 +16,12 @@ The extension is found through ``SQLITE_URSULA_VFS`` or its alias ``URSULA_VFS_E
 
 import fcntl
 import hashlib
+import itertools
 import json
 import os
 import re
 import sqlite3
+import tempfile
 import threading
 import urllib.parse
 
@@ -122,7 +124,7 @@ def _from_function_error(exc):
     if not m:
         return exc
     fn, kind, msg = m.groups()
-    setup = fn == "ursula_attach" or kind in ("not_attached", "attach_failed")
+    setup = fn in ("ursula_attach", "ursula_lazy_open") or kind in ("not_attached", "attach_failed")
     cls = _error_class(kind, setup=setup)
     err = cls(str(exc), kind=kind, action=_action_for(cls, kind), reason=msg,
               fenced=(kind == "fenced"), cause=exc)
@@ -451,4 +453,36 @@ def open(url, path=None, dir=None, read_only=False, **connect_kwargs):
     except sqlite3.Error as e:
         raise SetupError("cannot open %s: %s" % (p, e), kind="local_setup", cause=e) from e
     conn.ursula_path = p
+    return conn
+
+
+_lazy_names = itertools.count(1)
+
+
+class LazyConnection(sqlite3.Connection):
+    """sqlite3.Connection of a lazy open: ``ursula_offset`` is the stream offset it reads."""
+
+    ursula_offset = None
+
+
+def open_lazy(url, at=None, follow=False, cache_mb=None, **connect_kwargs):
+    """Opens the database replicated on the stream at url lazily and read-only: no local
+    copy, pages fetched on demand (the extension's ursula-lazy source, registered under a
+    name that never exists on disk with ursula_lazy_open). ``at``: a stream offset (the
+    database as of it; default the tail now); ``follow``: each new read transaction sees
+    the latest commits (not with ``at``); ``cache_mb``: the page cache bound (default 64).
+    A bad URL, a missing stream or an unreadable offset raises SetupError here. The
+    connection's ``ursula_offset`` is the offset it reads at."""
+    load()
+    name = os.path.join(tempfile.gettempdir(), "ursula-lazy-%d-%d.db" % (os.getpid(), next(_lazy_names)))
+    offset = _call("SELECT ursula_lazy_open(?, ?, ?, ?, ?)",
+                   (name, url, None if at is None else str(at), "1" if follow else None,
+                    None if cache_mb is None else str(cache_mb)))
+    connect_kwargs["uri"] = True
+    connect_kwargs.setdefault("factory", LazyConnection)
+    try:
+        conn = sqlite3.connect("file:" + urllib.parse.quote(name) + "?mode=ro", **connect_kwargs)
+    except sqlite3.Error as e:
+        raise SetupError("cannot open %s lazily: %s" % (url, e), kind="local_setup", cause=e) from e
+    conn.ursula_offset = offset
     return conn

@@ -227,7 +227,28 @@ class LazyTest(unittest.TestCase):
         self.assertTrue(old.execute("SELECT body FROM notes WHERE id = 50").fetchone()[0].startswith("n50 "))
         for c in (lz, old):
             c.close()
+
+        # open_lazy: the same through ursula_lazy_open and a plain name, no URI needed.
+        tail = su.open_lazy(url)
+        self.assertEqual(answers(tail), answers(w))
+        self.assertEqual(tail.ursula_offset, su.status(path)["offset"])
+        self.assertFalse(os.path.exists(tail.execute("PRAGMA database_list").fetchone()[2]))
+        with self.assertRaises(sqlite3.OperationalError) as cm:
+            tail.execute("DELETE FROM notes")
+        self.assertIn("readonly", str(cm.exception))
+        old = su.open_lazy(url, at=past, cache_mb=8)
+        self.assertEqual(old.ursula_offset, past)
+        self.assertEqual(old.execute("SELECT count(*) FROM notes").fetchone()[0], 3000)
+        for c in (tail, old):
+            c.close()
         w.close()
+
+    def test_open_lazy_bad_url_is_a_setup_error(self):
+        for url, kw, kind in ((BASE + "/pybind/absent", {}, "not_found"), ("nohost", {}, "invalid_url"),
+                              (BASE + "/pybind/lazy", {"at": "soon"}, "invalid_argument")):
+            with self.assertRaises(su.SetupError) as cm:
+                su.open_lazy(url, **kw)
+            self.assertEqual(cm.exception.kind, kind, str(cm.exception))
 
     def test_lazy_open_without_url_fails(self):
         su.load()
