@@ -122,10 +122,11 @@ func fullDisk(t *testing.T, limits string) {
 	}
 }
 
-// waitFor polls cond for up to 20 s.
+// waitFor polls cond for up to 60 s (a loaded machine delays the background cold flush
+// and the trim after it; an idle one meets these within seconds).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(60 * time.Second); !cond(); time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting: %s", what)
 		}
