@@ -51,7 +51,7 @@ func TestDatabaseOnColdTier(t *testing.T) {
 	// A snapshot is due once the log passes the database size: keep writing until one
 	// is published.
 	c, _ := client.New("")
-	deadline := time.Now().Add(120 * time.Second)
+	deadline := time.Now().Add(240 * time.Second) // a snapshot upload on a loaded machine is slow
 	for {
 		info, err := c.Head(context.Background(), url)
 		if err != nil {

@@ -154,7 +154,7 @@ func errKind(err error) replicator.Kind {
 // fail: the retry is answered as a repeat of the same frame, or the check of the stream
 // finds it, and the owner keeps the row the stream holds.
 func TestRefusalAfterTheStreamAppliedIsAcknowledged(t *testing.T) {
-	t.Setenv("URSULA_VFS_RETRY_MS", "300")
+	t.Setenv("URSULA_VFS_RETRY_MS", "1000")
 	for _, status := range []int{401, 402, 403, 409, 429, 500, 502, 503} {
 		t.Run(strconv.Itoa(status), func(t *testing.T) {
 			e := newProofEnv(t, fmt.Sprintf("after%d", status))
@@ -174,7 +174,7 @@ func TestRefusalAfterTheStreamAppliedIsAcknowledged(t *testing.T) {
 // alone, marked or not (unmarked ones after a check of the stream), the file stays usable,
 // and the next commit reuses the producer seq and is acknowledged.
 func TestRefusalBeforeTheStreamFailsAlone(t *testing.T) {
-	t.Setenv("URSULA_VFS_RETRY_MS", "300")
+	t.Setenv("URSULA_VFS_RETRY_MS", "1000")
 	for _, status := range []int{401, 402, 403, 409, 429} {
 		for _, marked := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%d marked=%t", status, marked), func(t *testing.T) {
@@ -204,7 +204,7 @@ func TestRefusalBeforeTheStreamFailsAlone(t *testing.T) {
 // the outcome unknown; when the budget runs out the file is poisoned, and reopening it
 // gives what the stream holds.
 func TestUnmarked5xxBeforeTheStreamPoisonsWhenTheBudgetEnds(t *testing.T) {
-	t.Setenv("URSULA_VFS_RETRY_MS", "200")
+	t.Setenv("URSULA_VFS_RETRY_MS", "1000")
 	e := newProofEnv(t, "unknown5xx")
 	f := faultproxy.Fault{Kind: faultproxy.RefuseBefore, Status: 502}
 	e.proxy.Script(f, f, f, f, f, f, f, f, f, f, f, f)
@@ -265,7 +265,7 @@ func TestLostAnswersAreAcknowledgedOnce(t *testing.T) {
 // cannot be read to check it, the next commit is refused unsent (refused_commit_unchecked)
 // instead of reusing the producer seq blindly; once the stream reads again it goes through.
 func TestUncheckableRefusalHoldsTheNextCommit(t *testing.T) {
-	t.Setenv("URSULA_VFS_RETRY_MS", "200")
+	t.Setenv("URSULA_VFS_RETRY_MS", "1000")
 	e := newProofEnv(t, "unchecked")
 	e.proxy.Match(func(r *http.Request) bool { return r.Method != http.MethodHead })
 	f := faultproxy.Fault{Kind: faultproxy.RefuseBefore, Status: 402}

@@ -241,7 +241,7 @@ func TestTooLarge(t *testing.T) {
 // checklist-vfs Q (writes_refused, refused_kind, error) set, and cleared by the next
 // successful commit (checklist-vfs X, T34, T53).
 func TestTokenAndStatus(t *testing.T) {
-	t.Setenv("URSULA_VFS_RETRY_MS", "300")
+	t.Setenv("URSULA_VFS_RETRY_MS", "1500") // one attempt must fit in it on a loaded machine
 	base := startServer(t)
 	u, _ := neturl.Parse(base)
 	rp := httputil.NewSingleHostReverseProxy(u)

@@ -169,7 +169,7 @@ func TestTakeoverDuringACommit(t *testing.T) {
 // answer at all, which proves nothing: the commit is retried within the budget and then
 // poisons (outcome_unknown, reattach). Smaller commits go through after reattaching.
 func TestBodyLimitReset(t *testing.T) {
-	t.Setenv("URSULA_VFS_RETRY_MS", "200")
+	t.Setenv("URSULA_VFS_RETRY_MS", "1500") // room for retries on a loaded machine
 	e := newProofEnv(t, "bodylimit")
 	e.proxy.Match(func(r *http.Request) bool { return faultproxy.IsCommit(r) && r.ContentLength > 16<<10 })
 	e.proxy.Choose(func(*http.Request) faultproxy.Fault { return faultproxy.Fault{Kind: faultproxy.DropBefore} })
