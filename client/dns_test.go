@@ -53,7 +53,8 @@ func (f *fakeDNS) lookup(ctx context.Context, host string) ([]string, error) {
 
 func (f *fakeDNS) count() int { f.mu.Lock(); defer f.mu.Unlock(); return f.lookups }
 
-// TestDNSRules checks the transport's host resolution: at most one lookup every 30 s;
+// TestDNSRules (checklist-vfs T32, L102-105) checks the transport's host resolution, on
+// an injected clock and resolver (no real waits): at most one lookup every 30 s;
 // after a failed lookup the last addresses serve for up to 10 minutes, the lookup is
 // retried 5 s later and dns_stale is reported at most once every 5 s; one lookup runs at
 // a time while other requests use the last addresses; a host without usable addresses

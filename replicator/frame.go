@@ -200,6 +200,15 @@ func DecodeRecords(b []byte, base uint64, maxFrame int) (recs []Record, consumed
 			return recs, consumed, &frameError{Offset: off, Foreign: true,
 				Reason: "written in the format " + f + ", which this implementation does not read; attach it with the implementation that wrote it, or use a new stream URL"}
 		}
+		if newer, whole := newerRecord(rest, maxFrame); newer && !whole {
+			break // a newer version's record, not whole yet: judged when it is
+		} else if newer {
+			// A newer version of this implementation wrote it (checklist-vfs AB234): not
+			// damage, a format this build does not read. Refused by name, like a foreign one.
+			return recs, consumed, &frameError{Offset: off, Foreign: true, Reason: fmt.Sprintf(
+				"unknown version %d: written by a newer version of this implementation (this one reads record versions 1 to %d); attach it with that version or later, or use a new stream URL",
+				rest[4], recordVersion)}
+		}
 		if reason := checkHeader(rest[:min(len(rest), recordHeaderSize)], maxFrame); reason != "" {
 			return recs, consumed, &frameError{Offset: off, Reason: reason}
 		}
@@ -337,6 +346,27 @@ func seal(kind RecordKind, body []byte) []byte {
 	le.PutUint32(rec[8:], uint32(len(rec)-recordHeaderSize))
 	le.PutUint32(rec[12:], checksum(rec[:12], rec[recordHeaderSize:]))
 	return rec
+}
+
+// newerRecord reports whether b starts with a record of a version above recordVersion
+// whose header is whole and sound (our magic, zero flags, a length within maxFrame), and
+// whether the record is whole with a matching checksum. A newer record that is whole but
+// fails its checksum, or whose header is cut short, is left to checkHeader: damage.
+func newerRecord(b []byte, maxFrame int) (newer, whole bool) {
+	if len(b) < recordHeaderSize || [4]byte(b[:4]) != recordMagic || b[4] <= recordVersion || b[6] != 0 || b[7] != 0 {
+		return false, false
+	}
+	size := recordHeaderSize + uint64(le.Uint32(b[8:]))
+	if maxFrame > 0 && size > uint64(maxFrame) {
+		return false, false
+	}
+	if uint64(len(b)) < size {
+		return true, false
+	}
+	if checksum(b[:12], b[recordHeaderSize:size]) != le.Uint32(b[12:]) {
+		return false, false
+	}
+	return true, true
 }
 
 // checkHeader checks the fields of a record header that h (possibly cut short) holds.

@@ -603,3 +603,39 @@ func TestVersion1RecordsStillDecode(t *testing.T) {
 		t.Errorf("version 2 records decoded as %+v %+v", recs[2].Commit, recs[3].Claim)
 	}
 }
+
+// TestDecodeNewerVersion (checklist-vfs T60, AB234): a whole, sound record of a version
+// above the ones this build reads is refused by name as a newer version's (it wraps
+// errForeignFormat), not as damage; one cut short is waited for; one whose checksum or
+// flags fail is damage.
+func TestDecodeNewerVersion(t *testing.T) {
+	claim := encodeClaim(Claim{Epoch: 1})
+	v3 := rawRecord(3, byte(KindClaim), 0, encoder.EncodeAll(make([]byte, 32), nil))
+	badCRC := bytes.Clone(v3)
+	badCRC[len(badCRC)-1] ^= 1
+	for _, tc := range []struct {
+		name            string
+		rec             []byte
+		foreign, damage bool
+	}{
+		{"whole", v3, true, false},
+		{"cut", v3[:len(v3)-1], false, false},
+		{"header cut", v3[:10], false, true},
+		{"bad crc", badCRC, false, true},
+		{"flags", rawRecord(3, byte(KindClaim), 1, encoder.EncodeAll(make([]byte, 32), nil)), false, true},
+	} {
+		recs, consumed, err := DecodeRecords(append(bytes.Clone(claim), tc.rec...), 0, 64<<10)
+		if len(recs) != 1 || consumed != len(claim) {
+			t.Errorf("%s: %d records, consumed %d", tc.name, len(recs), consumed)
+		}
+		var fe *frameError
+		switch {
+		case tc.foreign && (!errors.Is(err, errForeignFormat) || !strings.Contains(err.Error(), "newer version") || strings.Contains(err.Error(), "damaged")):
+			t.Errorf("%s: %v, want a newer version's record refused by name", tc.name, err)
+		case tc.damage && (!errors.As(err, &fe) || fe.Foreign):
+			t.Errorf("%s: %v, want damage", tc.name, err)
+		case !tc.foreign && !tc.damage && err != nil:
+			t.Errorf("%s: %v, want to wait for the rest", tc.name, err)
+		}
+	}
+}

@@ -426,10 +426,14 @@ func (r *Replica) claim(ctx context.Context, epoch uint64) error {
 	})
 	if err != nil {
 		var ce *client.Error
-		if errors.As(err, &ce) && (ce.Status == http.StatusForbidden || ce.Status == http.StatusConflict) {
+		if errors.As(err, &ce) && (ce.Fenced() || ce.Status == http.StatusConflict) {
 			return newError(KindFenced, ActionReattach, err, "another owner claimed the stream while attaching")
 		}
-		if v := classifyCommit(err, 0); v.step == stepRetryUnknown {
+		// A 403 without Producer-Epoch and without both not-applied headers may come from a
+		// layer that answered after the stream applied the claim (checklist-vfs J84, X216):
+		// it proves nothing, and it is not a fence.
+		unprovenForbidden := ce != nil && ce.Status == http.StatusForbidden && classifyCommit(err, 0).unproven
+		if v := classifyCommit(err, 0); v.step == stepRetryUnknown || unprovenForbidden {
 			// The claim may have landed, fencing the previous owner: nothing here can say.
 			return newError(KindOutcomeUnknown, ActionReattach, err, "claiming the stream: %s; the claim may have fenced the previous owner, attach again", v.reason)
 		}

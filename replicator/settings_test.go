@@ -100,7 +100,7 @@ func TestTokenInClear(t *testing.T) {
 	}
 }
 
-// TestDNSStaleEvent: the transport's stale-address report becomes a dns_stale event
+// TestDNSStaleEvent (checklist-vfs T32, S180): the transport's stale-address report becomes a dns_stale event
 // (level warn) with age_ms and reason.
 func TestDNSStaleEvent(t *testing.T) {
 	lb := &logBuf{}

@@ -308,12 +308,46 @@ function translate(db, e) {
     { kind: err.kind, action: err.action || actionFor(cls, err.kind), reason: err.message, fenced: !!st.fenced, cause: e });
 }
 
-function guard(db, fn) {
+// A failed commit rolls its transaction back, so a helper's cleanup ROLLBACK (drizzle and
+// the like run one on any error) would fail with "cannot rollback - no transaction is
+// active" and hide the UrsulaError (checklist-vfs W207). After an UrsulaError, the next
+// ROLLBACK run as a prepared statement with no transaction open succeeds as a no-op; one
+// run through exec, and a ROLLBACK TO or RELEASE whose savepoint went with the
+// transaction, rethrows the UrsulaError instead.
+const ROLLBACK = /^\s*ROLLBACK(\s+TRANSACTION)?\s*;?\s*$/i;
+const ENDS_SAVEPOINT = /^\s*(ROLLBACK(\s+TRANSACTION)?\s+TO\b|RELEASE\b)/i;
+const NOTHING_TO_END = /no transaction is active|no such savepoint/;
+
+function noted(db, err) {
+  if (err instanceof UrsulaError) db.ursulaLastError = err;
+  return err;
+}
+
+// afterUrsulaError answers a failed cleanup statement sql after an UrsulaError: null for
+// the no-op, the UrsulaError to rethrow, or undefined when the rule does not apply.
+function afterUrsulaError(db, sql, e, prepared) {
+  const last = db.ursulaLastError;
+  if (!last || typeof sql !== 'string' || db.inTransaction || !NOTHING_TO_END.test(e && e.message)) return undefined;
+  if (prepared && ROLLBACK.test(sql)) {
+    db.ursulaLastError = null;
+    return null;
+  }
+  if (ROLLBACK.test(sql) || ENDS_SAVEPOINT.test(sql)) {
+    db.ursulaLastError = null;
+    return last;
+  }
+  return undefined;
+}
+
+function guard(db, fn, sql) {
   return function guarded(...args) {
     try {
       return fn.apply(this, args);
     } catch (e) {
-      throw translate(db, e);
+      const after = afterUrsulaError(db, sql, e, true);
+      if (after === null) return { changes: 0, lastInsertRowid: 0 };
+      if (after) throw after;
+      throw noted(db, translate(db, e));
     }
   };
 }
@@ -328,11 +362,11 @@ class UrsulaDatabase extends (Database || class {}) {
       get(target, prop) {
         const v = target[prop];
         if (typeof v !== 'function') return v;
-        if (prop === 'run' || prop === 'get' || prop === 'all') return guard(db, v.bind(target));
+        if (prop === 'run' || prop === 'get' || prop === 'all') return guard(db, v.bind(target), sql);
         if (prop === 'iterate') {
           return (...args) => {
-            const it = guard(db, v.bind(target))(...args);
-            return { next: guard(db, it.next.bind(it)), return: it.return.bind(it), [Symbol.iterator]() { return this; } };
+            const it = guard(db, v.bind(target), sql)(...args);
+            return { next: guard(db, it.next.bind(it), sql), return: it.return.bind(it), [Symbol.iterator]() { return this; } };
           };
         }
         return (...args) => {
@@ -348,7 +382,9 @@ class UrsulaDatabase extends (Database || class {}) {
     try {
       return super.exec(sql);
     } catch (e) {
-      throw translate(this, e);
+      const after = afterUrsulaError(this, sql, e, false);
+      if (after) throw after;
+      throw noted(this, translate(this, e));
     }
   }
 

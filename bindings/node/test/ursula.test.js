@@ -159,3 +159,84 @@ test('local file names match the Python binding (and so vfs.DefaultFileName)', (
   assert.deepStrictEqual(urls.map(ursula.defaultFileName), JSON.parse(py.stdout));
   assert.match(ursula.localPath('http://127.0.0.1:4437/demo/notes', { dir: tmp }), /demo-notes-[0-9a-f]{32}\.db$/);
 });
+
+// checklist-vfs T58 (W198, W206, W207): after an UrsulaError a helper's cleanup ROLLBACK
+// never replaces it. The failed commit rolled its transaction back; a ROLLBACK prepared and
+// run then is a no-op, one through exec rethrows the UrsulaError, and so do ROLLBACK TO and
+// RELEASE. code, errcode and errstr are SQLite's, a wrapper's cause chain reaches the
+// UrsulaError, and only the connection open returned classifies: a connection the
+// application opened itself throws SQLite's own error, with status(file).error saying why.
+test('checklist-vfs T58: ROLLBACK after an UrsulaError, copied codes, classification scope', () => {
+  const out = child(`
+const assert = require('node:assert');
+const Database = require('better-sqlite3');
+const file = ${JSON.stringify(path.join(tmp, 't58.db'))};
+const db = ursula.open(${JSON.stringify(`${base}/nodebind/t58`)}, { path: file });
+db.exec('CREATE TABLE t(x)');
+const BIG = 'INSERT INTO t SELECT randomblob(4000) FROM (WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i<200) SELECT i FROM n)';
+const failCommit = (commit) => {
+  db.exec('BEGIN');
+  db.prepare(BIG).run();
+  try { commit(); } catch (e) { return e; }
+  throw new Error('the commit did not fail');
+};
+const noTx = /no transaction is active/;
+
+// Without an UrsulaError before it, a stray ROLLBACK fails as SQLite says.
+assert.throws(() => db.prepare('ROLLBACK').run(), (e) => !(e instanceof ursula.UrsulaError) && noTx.test(e.message));
+
+// A prepared ROLLBACK after a failed commit: a no-op, once.
+let e1 = failCommit(() => db.prepare('COMMIT').run());
+assert.ok(e1 instanceof ursula.UrsulaWriteRefusedError, String(e1));
+assert.strictEqual(e1.kind, 'too_large');
+assert.strictEqual(e1.code, 'SQLITE_IOERR_AUTH');
+assert.strictEqual(e1.errcode, 7178);
+assert.ok(e1.cause instanceof Database.SqliteError, 'cause is the SQLite error');
+assert.strictEqual(e1.errstr, e1.cause.message);
+assert.strictEqual(db.inTransaction, false);
+assert.deepStrictEqual(db.prepare('ROLLBACK').run(), { changes: 0, lastInsertRowid: 0 });
+assert.throws(() => db.prepare('ROLLBACK').run(), (e) => !(e instanceof ursula.UrsulaError) && noTx.test(e.message));
+
+// A drizzle-style wrapper keeps the UrsulaError as its cause.
+class DrizzleQueryError extends Error { constructor(q, cause) { super('Failed query: ' + q, { cause }); } }
+const wrapped = new DrizzleQueryError('COMMIT', e1);
+let c = wrapped; while (c && !(c instanceof ursula.UrsulaError)) c = c.cause;
+assert.strictEqual(c, e1);
+
+// Through exec the ROLLBACK rethrows the UrsulaError itself.
+let e2 = failCommit(() => db.exec('COMMIT'));
+assert.ok(e2 instanceof ursula.UrsulaWriteRefusedError, String(e2));
+assert.throws(() => db.exec('ROLLBACK'), (e) => e === e2);
+
+// A nested transaction's savepoint went with the failed commit: ROLLBACK TO and RELEASE
+// of it rethrow the UrsulaError.
+const failNested = (commit) => {
+  db.exec('BEGIN; SAVEPOINT sp');
+  db.prepare(BIG).run();
+  try { commit(); } catch (e) { return e; }
+  throw new Error('the commit did not fail');
+};
+let e3 = failNested(() => db.exec('COMMIT'));
+assert.ok(e3 instanceof ursula.UrsulaWriteRefusedError, String(e3));
+assert.throws(() => db.exec('ROLLBACK TO sp'), (e) => e === e3);
+let e4 = failNested(() => db.prepare('COMMIT').run());
+assert.ok(e4 instanceof ursula.UrsulaWriteRefusedError, String(e4));
+assert.throws(() => db.prepare('RELEASE sp').run(), (e) => e === e4);
+let e6 = failNested(() => db.prepare('COMMIT').run());
+assert.throws(() => db.prepare('ROLLBACK TO sp').run(), (e) => e === e6);
+
+// Classification scope: a connection the application opened itself throws SQLite's error.
+const raw = new Database(file);
+let e5;
+try { raw.prepare(BIG).run(); } catch (e) { e5 = e; }
+assert.ok(e5 && !(e5 instanceof ursula.UrsulaError) && e5.code === 'SQLITE_IOERR_AUTH', String(e5));
+assert.strictEqual(ursula.status(file).error.kind, 'too_large');
+raw.close();
+
+db.prepare('INSERT INTO t VALUES (1)').run();
+assert.strictEqual(db.prepare('SELECT count(*) FROM t').pluck().get(), 1);
+db.close();
+console.log('T58 ok');
+`, { URSULA_VFS_MAX_FRAME_BYTES: '65536' });
+  assert.match(out, /^T58 ok$/m, out);
+});
