@@ -51,8 +51,8 @@ func (l *tlsListener) acceptLoop() {
 	for {
 		c, err := l.ln.Accept()
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
+			var ne interface{ Temporary() bool }
+			if errors.As(err, &ne) && ne.Temporary() {
 				// Like http.Server: back off on EMFILE and the like, keep accepting.
 				tempDelay = min(max(2*tempDelay, 5*time.Millisecond), time.Second)
 				select {
