@@ -35,6 +35,12 @@ func serveTLSRefusals(t *testing.T, h http.Handler) (string, *tls.Config, *http.
 		t.Fatal(err)
 	}
 	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10}
+	hs.ConnState = func(c net.Conn, st http.ConnState) {
+		// A hook set before JSONRefusals still runs, with a conn that carries TLS state.
+		if _, ok := c.(interface{ ConnectionState() tls.ConnectionState }); !ok {
+			t.Errorf("ConnState %v on a connection without TLS state (%T)", st, c)
+		}
+	}
 	ln := JSONRefusals(hs, TLSListener(LimitConnections(raw, 64), tlsfiles.ServerConfig(cert), 10*time.Second))
 	go hs.Serve(ln)
 	t.Cleanup(func() { hs.Close() })
@@ -64,6 +70,12 @@ func TestTLSListenerRefusalsAndServing(t *testing.T) {
 		c.Write([]byte("HTTP/1.1 400 Bad Request\r\n\r\n"))
 		line, _ := brw.ReadString('\n')
 		c.Write([]byte(line))
+	})
+	mux.HandleFunc("/sse", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: one\n\n")
+		http.NewResponseController(w).Flush()
+		<-r.Context().Done() // held open until the client leaves
 	})
 	addr, ccfg, _ := serveTLSRefusals(t, mux)
 
@@ -175,6 +187,20 @@ func TestTLSListenerRefusalsAndServing(t *testing.T) {
 		c.Write([]byte("ping\n"))
 		if line, err := br.ReadString('\n'); err != nil || line != "ping\n" {
 			t.Fatalf("echo over the hijacked TLS connection: %q %v", line, err)
+		}
+	})
+
+	t.Run("SSE over TLS is flushed", func(t *testing.T) {
+		tr := &http.Transport{TLSClientConfig: ccfg.Clone()} // HTTP/1.1: through the wrapper
+		defer tr.CloseIdleConnections()
+		res, err := (&http.Client{Transport: tr}).Get("https://" + addr + "/sse")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		line, err := bufio.NewReader(res.Body).ReadString('\n')
+		if err != nil || line != "data: one\n" || res.ProtoMajor != 1 {
+			t.Fatalf("first event of a held-open stream: %q %v over %s", line, err, res.Proto)
 		}
 	})
 
