@@ -400,3 +400,26 @@ func TestReaderThatNeverReads(t *testing.T) {
 	}
 	n.served(t, "stalled")
 }
+
+// TestAdminConnectionCap: the admin listener has a connection cap of its own (256): past
+// it a connection gets the 503 at once, and the client listener is still served.
+func TestAdminConnectionCap(t *testing.T) {
+	n := start(t, t.TempDir(), `read_header_timeout = "60s"`)
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for i := 0; i < 256; i++ {
+		held = append(held, rawConn(t, n.adminAddr, ""))
+	}
+	c := rawConn(t, n.adminAddr, "GET /__ursula/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+	res, b := readAnswer(t, c)
+	c.Close()
+	if res.StatusCode != 503 || !bytes.Contains(b, []byte(`"code":"CONNECTION_LIMIT"`)) {
+		t.Fatalf("admin listener past its cap: %d %s", res.StatusCode, b)
+	}
+	n.served(t, "admin-cap")
+	n.alive(t)
+}
