@@ -97,7 +97,7 @@ bench: build conformance-deps s3-deps
 	$(GO) run ./cextension/bench -n 2000 -ursula $(BIN)/ursula -extension $(BIN)/libursula_vfs.so
 
 ## soak: the long runs: the abuse cases at size (10k idle connections, 1,000 slow-loris headers,
-## larger memory bursts with the release-off comparison) against real server processes, then
+## larger memory bursts with the release-off comparison, 5 rounds of kill -9 under producers) against real server processes, then
 ## the mixed-fault commit runs at length (SOAK_COMMITS commits each): pure-Go vfs.Open, then
 ## the extension through Python
 SOAK_COMMITS ?= 3000

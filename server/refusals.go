@@ -11,6 +11,8 @@ package server
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"errors"
 	"net"
 	"net/http"
 	"strconv"
@@ -21,9 +23,11 @@ import (
 
 // JSONRefusals makes hs answer its parser's refusals on connections from ln with the
 // JSON error body. It wraps hs.Handler and chains hs.ConnContext and hs.ConnState, so call
-// it once hs is otherwise configured, and serve hs on the returned listener. Over TLS the
-// library writes its refusals inside the TLS stream, out of the wrapper's sight: they stay
-// plain text, except the plain-text answer to a client speaking HTTP to the TLS port.
+// it once hs is otherwise configured, and serve hs on the returned listener with hs.Serve.
+// For TLS, ln is a TLSListener: the wrapper then sits above TLS, over each HTTP/1
+// connection's *tls.Conn (the request still sees its TLS state); a connection whose client
+// chose HTTP/2 passes unwrapped, since the library serves HTTP/2 only on a *tls.Conn and
+// answers its protocol errors in HTTP/2 frames, not text.
 func JSONRefusals(hs *http.Server, ln net.Listener) net.Listener {
 	next := hs.Handler
 	if next == nil {
@@ -70,10 +74,27 @@ func (l *refusalListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	if tc, ok := c.(*tls.Conn); ok {
+		if tc.ConnectionState().NegotiatedProtocol == "h2" {
+			return tc, nil
+		}
+		rc := &refusalTLSConn{refusalConn: refusalConn{Conn: tc}, tc: tc}
+		rc.armed.Store(true)
+		return rc, nil
+	}
 	rc := &refusalConn{Conn: c}
 	rc.armed.Store(true)
 	return rc, nil
 }
+
+// refusalTLSConn is a refusalConn over a handshaken *tls.Conn. Its ConnectionState makes
+// the library fill Request.TLS as it does for a *tls.Conn.
+type refusalTLSConn struct {
+	refusalConn
+	tc *tls.Conn
+}
+
+func (c *refusalTLSConn) ConnectionState() tls.ConnectionState { return c.tc.ConnectionState() }
 
 // refusalConn rewrites the library's refusals while armed: from its accept, or its last
 // return to idle, until a handler starts.
@@ -83,8 +104,22 @@ type refusalConn struct {
 }
 
 func findRefusalConn(c net.Conn) *refusalConn {
-	rc, _ := c.(*refusalConn)
-	return rc
+	switch rc := c.(type) {
+	case *refusalConn:
+		return rc
+	case *refusalTLSConn:
+		return &rc.refusalConn
+	}
+	return nil
+}
+
+// CloseWrite half-closes the connection beneath where it can (TCP, TLS), as the library
+// does after some answers so the client reads them before the close.
+func (c *refusalConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
 }
 
 func (c *refusalConn) Write(p []byte) (int, error) {

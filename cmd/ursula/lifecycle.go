@@ -36,10 +36,11 @@ func defaultAdminAddr(clientAddr string) (string, error) {
 
 // serveAdmin starts the admin listener ("off": none). The returned server is closed at
 // shutdown; admin calls in flight are cut, they are retried by operators and tools.
-func serveAdmin(addr, clientAddr string, srv *server.Server, sec *security, logger *slog.Logger) (*http.Server, error) {
-	hs := &http.Server{Handler: srv.AdminHandler(), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10}
+// It has the client listener's limits (timeouts, a connection cap of its own, JSON
+// refusals) and TLS.
+func serveAdmin(addr, clientAddr string, srv *server.Server, sec *security, lim resolvedLimits, logger *slog.Logger) (*http.Server, error) {
 	if addr == "off" {
-		return hs, nil
+		return &http.Server{}, nil
 	}
 	if addr == "" {
 		var err error
@@ -51,8 +52,9 @@ func serveAdmin(addr, clientAddr string, srv *server.Server, sec *security, logg
 	if err != nil {
 		return nil, fmt.Errorf("admin listener %s: %w (set server.admin_listen, or \"off\")", addr, err)
 	}
-	logger.Info("admin listening", "addr", ln.Addr().String(), "scheme", sec.scheme())
-	go sec.serve(hs, ln) // the same TLS as the client listener
+	logger.Info("admin listening", "addr", ln.Addr().String(), "scheme", sec.scheme(), "max_connections", adminMaxConnections)
+	hs, sln := lim.httpServer(srv.AdminHandler(), ln, adminMaxConnections, sec.serverTLS()) // the same TLS as the client listener
+	go hs.Serve(sln)
 	return hs, nil
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/http"
@@ -148,9 +149,19 @@ func resolveLimits(lc *limitsConfig) (resolvedLimits, error) {
 	return r, nil
 }
 
-// httpServer builds the client listener's server with the connection limits; the HTTP
-// library's own refusals get the JSON error body.
-func (r resolvedLimits) httpServer(h http.Handler, ln net.Listener) (*http.Server, net.Listener) {
+// adminMaxConnections caps the admin listener's connections: operators and tools, a few
+// at once. It comes out of the descriptors descriptorReserve keeps.
+const adminMaxConnections = 256
+
+// httpServer builds a listener's server with the connection limits (at most maxConns open
+// at once), TLS terminated in the listener when tlsCfg is not nil, and the HTTP library's
+// own refusals in the JSON error body, over TLS too. Serve hs with hs.Serve(ln).
+func (r resolvedLimits) httpServer(h http.Handler, raw net.Listener, maxConns int, tlsCfg *tls.Config) (*http.Server, net.Listener) {
 	hs := &http.Server{Handler: h, ReadHeaderTimeout: r.readHeader, IdleTimeout: r.idle, MaxHeaderBytes: 64 << 10}
-	return hs, server.JSONRefusals(hs, server.LimitConnections(ln, r.maxConns))
+	var ln net.Listener = server.LimitConnections(raw, maxConns)
+	if tlsCfg != nil {
+		// The handshake is bounded as http.Server bounds its own: by the header timeout.
+		ln = server.TLSListener(ln, tlsCfg, r.readHeader)
+	}
+	return hs, server.JSONRefusals(hs, ln)
 }

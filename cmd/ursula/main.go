@@ -361,10 +361,10 @@ func runServer(args []string, stderr io.Writer) error {
 	baseCtx, cancelBase := context.WithCancel(context.Background())
 	defer cancelBase()
 	go server.ReleaseMemory(baseCtx, lim.freeMemEvery, lim.freeMemMin)
-	hs, cln := lim.httpServer(srv, ln)
+	hs, cln := lim.httpServer(srv, ln, lim.maxConns, sec.serverTLS())
 	hs.BaseContext = func(net.Listener) context.Context { return baseCtx }
 	hs.RegisterOnShutdown(cancelBase)
-	adminSrv, err := serveAdmin(pickStr(*adminListen, fc.Server.AdminListen), addr, srv, sec, logger)
+	adminSrv, err := serveAdmin(pickStr(*adminListen, fc.Server.AdminListen), addr, srv, sec, lim, logger)
 	if err != nil {
 		ln.Close()
 		return err
@@ -376,7 +376,7 @@ func runServer(args []string, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)
-	go func() { errc <- sec.serve(hs, cln) }()
+	go func() { errc <- hs.Serve(cln) }()
 	select {
 	case err := <-errc:
 		return err

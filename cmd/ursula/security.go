@@ -5,11 +5,11 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -113,14 +113,14 @@ func (sec *security) scheme() string {
 	return "http"
 }
 
-// serve runs hs on ln, over TLS when a certificate is configured. It suits any listener
-// of the node (client or operational), each with its own *http.Server.
-func (sec *security) serve(hs *http.Server, ln net.Listener) error {
+// serverTLS is the TLS config of the node's listeners (client and admin), nil for plain
+// HTTP. TLS is terminated in the listener (resolvedLimits.httpServer), HTTP/2 and
+// HTTP/1.1 offered as http.Server.ServeTLS offers them.
+func (sec *security) serverTLS() *tls.Config {
 	if sec.cert == nil {
-		return hs.Serve(ln)
+		return nil
 	}
-	hs.TLSConfig = tlsfiles.ServerConfig(sec.cert)
-	return hs.ServeTLS(ln, "", "") // the certificate comes from GetCertificate
+	return tlsfiles.ServerConfig(sec.cert)
 }
 
 // reloadOnHUP loads the certificate and the auth files again on every SIGHUP until ctx

@@ -40,10 +40,11 @@ func TestMain(m *testing.M) {
 
 // node is one server process.
 type node struct {
-	cmd  *exec.Cmd
-	addr string
-	url  string
-	log  *lockedBuffer
+	cmd       *exec.Cmd
+	addr      string
+	url       string
+	adminAddr string
+	log       *lockedBuffer
 }
 
 // lockedBuffer is the server's output, written by the process's copier and read by the
@@ -74,18 +75,31 @@ func start(t *testing.T, dataDir string, limits string) *node {
 // startConfig runs a server with the given config file text on a free loopback port.
 func startConfig(t *testing.T, dataDir string, config string) *node {
 	t.Helper()
+	return startWith(t, dataDir, config, "http", client)
+}
+
+// freeAddr returns a loopback address with a port free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	ln.Close()
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// startWith runs a server with the given config file text on free loopback ports (client
+// and admin), and waits until cl sees it ready over scheme.
+func startWith(t *testing.T, dataDir, config, scheme string, cl *http.Client) *node {
+	t.Helper()
+	addr, adminAddr := freeAddr(t), freeAddr(t)
 	cfg := filepath.Join(t.TempDir(), "ursula.toml")
 	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	n := &node{addr: addr, url: "http://" + addr, log: &lockedBuffer{}}
-	n.cmd = exec.Command(binPath, "server", "--listen", addr, "--admin-listen", "127.0.0.1:0", "--data", dataDir, "--config", cfg)
+	n := &node{addr: addr, url: scheme + "://" + addr, adminAddr: adminAddr, log: &lockedBuffer{}}
+	n.cmd = exec.Command(binPath, "server", "--listen", addr, "--admin-listen", adminAddr, "--data", dataDir, "--config", cfg)
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
 	if err := n.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -98,7 +112,7 @@ func startConfig(t *testing.T, dataDir string, config string) *node {
 		}
 	})
 	for i := 0; i < 300; i++ {
-		if res, err := http.Get(n.url + "/__ursula/ready"); err == nil {
+		if res, err := cl.Get(n.url + "/__ursula/ready"); err == nil {
 			res.Body.Close()
 			if res.StatusCode == 200 {
 				return n
@@ -385,4 +399,27 @@ func TestReaderThatNeverReads(t *testing.T) {
 		t.Fatalf("stalled readers grew RSS by %d MiB", (after-before)>>20)
 	}
 	n.served(t, "stalled")
+}
+
+// TestAdminConnectionCap: the admin listener has a connection cap of its own (256): past
+// it a connection gets the 503 at once, and the client listener is still served.
+func TestAdminConnectionCap(t *testing.T) {
+	n := start(t, t.TempDir(), `read_header_timeout = "60s"`)
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for i := 0; i < 256; i++ {
+		held = append(held, rawConn(t, n.adminAddr, ""))
+	}
+	c := rawConn(t, n.adminAddr, "GET /__ursula/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+	res, b := readAnswer(t, c)
+	c.Close()
+	if res.StatusCode != 503 || !bytes.Contains(b, []byte(`"code":"CONNECTION_LIMIT"`)) {
+		t.Fatalf("admin listener past its cap: %d %s", res.StatusCode, b)
+	}
+	n.served(t, "admin-cap")
+	n.alive(t)
 }
