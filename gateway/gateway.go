@@ -41,7 +41,7 @@ type Config struct {
 	// MaxRequestBodyBytes bounds a request body (0: the protocol's maximum, which is also
 	// the ceiling: a larger limit would accept bodies the nodes refuse after forwarding).
 	MaxRequestBodyBytes int64
-	// Usage receives one record per request; nil: none.
+	// Usage counts every request; nil: none.
 	Usage *UsageLog
 	// UpstreamToken, when set and not empty, is the gateway's own bearer token towards the
 	// nodes (for nodes that run with auth on): clients' tokens are never forwarded.
@@ -200,7 +200,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Body != nil {
 		r.Body = in
 	}
-	rec := UsageRecord{Time: g.now().UTC(), Method: r.Method}
+	rec := UsageRecord{Action: actionClass(r)}
 	g.cors(w.Header(), r)
 	g.serve(cw, r, &rec)
 	if cw.status == 0 {
@@ -225,7 +225,9 @@ func (g *Gateway) serve(w *countingWriter, r *http.Request, rec *UsageRecord) {
 		g.refuse(w, r, e, "InvalidRequest")
 		return
 	}
-	rec.Bucket, rec.Stream = t.bucket, t.stream
+	if !t.open && t.act != auth.Admin {
+		rec.Bucket = t.bucket
+	}
 	var p *auth.Principal
 	if a := g.cfg.Auth; a != nil && !t.open {
 		var err error
