@@ -333,7 +333,8 @@ func (g *Gateway) serve(w *countingWriter, r *http.Request, rec *UsageRecord) {
 		g.refuse(w, r, e, e.Headers[streamcore.HdrNotApplied])
 		return
 	}
-	if r.Method == http.MethodPost || r.Method == http.MethodPut {
+	if r.Method == http.MethodPost || r.Method == http.MethodPut && len(body) > 0 {
+		// An append, or a create with initial data: an empty create writes nothing.
 		rec.Chunks = g.cfg.Usage.chunksOf(int64(len(body)))
 	}
 	var expires time.Time
