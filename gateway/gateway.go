@@ -71,6 +71,12 @@ type Config struct {
 	// grace before BodyMinRate applies; a slower body gets 408 BODY_TOO_SLOW, as from a
 	// node. 0: server.DefaultBodyIdleTimeout.
 	BodyIdleTimeout time.Duration
+	// WriteTimeout bounds the relay of a whole non-live answer to the client; a client
+	// that stops reading is disconnected (0: server.DefaultWriteTimeout).
+	WriteTimeout time.Duration
+	// LiveWriteTimeout bounds each write of a live read's answer (long-poll, SSE)
+	// (0: server.DefaultLiveWriteTimeout).
+	LiveWriteTimeout time.Duration
 	// BodyMinRate is the average pace in bytes a second a body keeps after the first
 	// BodyIdleTimeout. 0: server.DefaultBodyMinRate; negative: only the gap is checked.
 	BodyMinRate int64
@@ -160,6 +166,12 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if cfg.UpstreamResponseHeaderTimeout == 0 {
 		cfg.UpstreamResponseHeaderTimeout = DefaultUpstreamResponseHeaderTimeout
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = server.DefaultWriteTimeout
+	}
+	if cfg.LiveWriteTimeout <= 0 {
+		cfg.LiveWriteTimeout = server.DefaultLiveWriteTimeout
 	}
 	if cfg.BodyIdleTimeout <= 0 {
 		cfg.BodyIdleTimeout = server.DefaultBodyIdleTimeout
@@ -678,8 +690,18 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, res *http.Respon
 	}
 	dropHopHeaders(h)
 	h.Set(streamcore.HdrNotAppliedChecked, "1")
-	w.WriteHeader(res.StatusCode)
 	rc := http.NewResponseController(w)
+	// A client that stops reading must not hold the handler and the upstream exchange:
+	// the whole answer gets WriteTimeout, a live one LiveWriteTimeout per write. The
+	// deadline is cleared at the end, as the connection may serve another request.
+	live := r.URL.Query().Has("live")
+	wt := g.cfg.WriteTimeout
+	if live {
+		wt = g.cfg.LiveWriteTimeout
+	}
+	rc.SetWriteDeadline(time.Now().Add(wt))
+	defer rc.SetWriteDeadline(time.Time{})
+	w.WriteHeader(res.StatusCode)
 	rc.Flush()
 	sse := strings.HasPrefix(res.Header.Get("Content-Type"), "text/event-stream")
 	var timer *time.Timer
@@ -705,6 +727,9 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, res *http.Respon
 	for {
 		n, err := res.Body.Read(buf)
 		if n > 0 {
+			if live {
+				rc.SetWriteDeadline(time.Now().Add(wt))
+			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				return
 			}

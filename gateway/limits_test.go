@@ -81,3 +81,34 @@ func TestGatewayUpstreamResponseHeaderTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A client that stops reading an answer is disconnected after WriteTimeout, and the
+// upstream exchange ends with it instead of waiting on the client.
+func TestGatewayWriteTimeout(t *testing.T) {
+	ended := make(chan error, 1)
+	node := newFakeNode(t, func(w http.ResponseWriter, r *http.Request) {
+		chunk := bytes.Repeat([]byte("x"), 1<<20)
+		for range 256 {
+			if _, err := w.Write(chunk); err != nil {
+				ended <- err
+				return
+			}
+		}
+		ended <- nil
+	})
+	_, gw := startGateway(t, Config{WriteTimeout: 300 * time.Millisecond}, node.URL)
+	c, err := net.Dial("tcp", strings.TrimPrefix(gw, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "GET /b/s?offset=-1 HTTP/1.1\r\nHost: gw\r\n\r\n") // and never read
+	select {
+	case err := <-ended:
+		if err == nil {
+			t.Fatal("the node sent 256 MiB to a client that reads nothing")
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the gateway still relays to a client that stopped reading")
+	}
+}

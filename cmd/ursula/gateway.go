@@ -54,6 +54,8 @@ applying per-bucket quotas and writing a usage log. Flags override the config fi
   read_header_timeout = "10s"         # time to send a request's headers
   body_idle_timeout = "10s"           # longest gap within a request body (408 BODY_TOO_SLOW)
   body_min_rate = 4096                # bytes/s a body averages after body_idle_timeout (-1: off)
+  write_timeout = "60s"               # relaying a whole non-live answer to a client
+  live_write_timeout = "30s"          # each write of a long-poll or SSE answer
   upstream_connect_timeout = "5s"
   upstream_response_header_timeout = "30s"  # 504 UPSTREAM_TIMEOUT past it; live reads exempt ("off": none)
   [auth]                              # the node's keys: token_file, issuer, audience,
@@ -89,6 +91,8 @@ type gatewayFile struct {
 		ReadHeaderTimeout   string   `toml:"read_header_timeout"`
 		BodyIdleTimeout     string   `toml:"body_idle_timeout"`
 		BodyMinRate         int64    `toml:"body_min_rate"`
+		WriteTimeout        string   `toml:"write_timeout"`
+		LiveWriteTimeout    string   `toml:"live_write_timeout"`
 		UpstreamConnect     string   `toml:"upstream_connect_timeout"`
 		UpstreamRespHeader  string   `toml:"upstream_response_header_timeout"`
 	} `toml:"gateway"`
@@ -148,7 +152,8 @@ func runGateway(args []string, stderr io.Writer) error {
 	cfg := gateway.Config{MaxRequestBodyBytes: gc.MaxRequestBodyBytes, Logger: logger,
 		EjectFor: time.Duration(gc.EjectMs) * time.Millisecond, MaxInflightBodyBytes: gc.MaxInflightBody,
 		CORSAllowedOrigins: gc.CORSAllowedOrigins, BodyIdleTimeout: gl.bodyIdle, BodyMinRate: gc.BodyMinRate,
-		UpstreamConnectTimeout: gl.connect, UpstreamResponseHeaderTimeout: gl.respHeader}
+		UpstreamConnectTimeout: gl.connect, UpstreamResponseHeaderTimeout: gl.respHeader,
+		WriteTimeout: gl.write, LiveWriteTimeout: gl.liveWrite}
 	for _, s := range gc.Upstreams {
 		u, err := url.Parse(strings.TrimRight(strings.TrimSpace(s), "/"))
 		if err != nil {
@@ -283,6 +288,7 @@ func runGateway(args []string, stderr io.Writer) error {
 type gatewayLimits struct {
 	maxConns                            int
 	idle, readHeader, bodyIdle, connect time.Duration
+	write, liveWrite                    time.Duration
 	respHeader                          time.Duration // negative: none
 }
 
@@ -308,6 +314,12 @@ func (fc *gatewayFile) limits() (gatewayLimits, error) {
 		return l, err
 	}
 	if l.bodyIdle, err = dur("body_idle_timeout", gc.BodyIdleTimeout, server.DefaultBodyIdleTimeout); err != nil {
+		return l, err
+	}
+	if l.write, err = dur("write_timeout", gc.WriteTimeout, server.DefaultWriteTimeout); err != nil {
+		return l, err
+	}
+	if l.liveWrite, err = dur("live_write_timeout", gc.LiveWriteTimeout, server.DefaultLiveWriteTimeout); err != nil {
 		return l, err
 	}
 	if l.connect, err = dur("upstream_connect_timeout", gc.UpstreamConnect, gateway.DefaultUpstreamConnectTimeout); err != nil {
