@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/MicahParks/keyfunc/v3"
@@ -40,7 +41,27 @@ type JWTVerifier struct {
 	issuer string
 	parser *jwt.Parser
 	keys   jwt.Keyfunc
+	now    func() time.Time
+
+	mu    sync.Mutex
+	cache map[string]verified // by the whole token, signature included
 }
+
+// verified is a token that passed Verify, good until until.
+type verified struct {
+	p     *Principal
+	until time.Time
+}
+
+// A token that verified is taken again without its signature check for at most
+// VerifiedTTL (and never past its exp): a signature check costs tens of microseconds, a
+// request carries the same token many times. A key the issuer withdraws from its JWKS
+// therefore stops tokens already seen within VerifiedTTL. The cache holds at most
+// VerifiedMax tokens; past that it starts over.
+const (
+	VerifiedTTL = 30 * time.Second
+	VerifiedMax = 4096
+)
 
 // accessClaims are the claims of an RFC 9068 access token that a node reads.
 type accessClaims struct {
@@ -88,6 +109,8 @@ func newJWTVerifier(cfg JWTConfig, keys jwt.Keyfunc) *JWTVerifier {
 	return &JWTVerifier{
 		issuer: cfg.Issuer,
 		keys:   keys,
+		now:    time.Now,
+		cache:  map[string]verified{},
 		parser: jwt.NewParser(
 			jwt.WithValidMethods(asymmetricAlgs),
 			jwt.WithIssuer(cfg.Issuer),
@@ -101,6 +124,32 @@ func newJWTVerifier(cfg JWTConfig, keys jwt.Keyfunc) *JWTVerifier {
 
 // Verify checks token and returns its principal.
 func (v *JWTVerifier) Verify(token string) (*Principal, error) {
+	now := v.now()
+	v.mu.Lock()
+	hit, ok := v.cache[token]
+	v.mu.Unlock()
+	if ok && now.Before(hit.until) {
+		return hit.p, nil
+	}
+	p, err := v.verify(token)
+	if err != nil {
+		return nil, err
+	}
+	until := now.Add(VerifiedTTL)
+	if p.Expires.Before(until) {
+		until = p.Expires
+	}
+	v.mu.Lock()
+	if len(v.cache) >= VerifiedMax {
+		clear(v.cache)
+	}
+	v.cache[token] = verified{p: p, until: until}
+	v.mu.Unlock()
+	return p, nil
+}
+
+// verify checks token's signature and claims.
+func (v *JWTVerifier) verify(token string) (*Principal, error) {
 	var c accessClaims
 	_, err := v.parser.ParseWithClaims(token, &c, func(t *jwt.Token) (any, error) {
 		// The type is checked before any key is looked up, so that an ID token or a

@@ -169,3 +169,49 @@ func TestJWKSCAFile(t *testing.T) {
 		t.Fatal("a missing CA file was accepted")
 	}
 }
+
+// A token that verified is taken again without a signature check until VerifiedTTL or its
+// exp; a token that failed is checked every time.
+func TestJWTVerifiedCache(t *testing.T) {
+	is := testissuer.New(t, "k1")
+	v := verifierOf(t, is)
+	keys, calls := v.keys, 0
+	v.keys = func(tk *jwt.Token) (any, error) { calls++; return keys(tk) }
+	clock := time.Now()
+	v.now = func() time.Time { return clock }
+	tok := is.Sign(t, "k1", claims("alice"), "at+jwt")
+	for i := range 3 {
+		p, err := v.Verify(tok)
+		if err != nil || p.Subject != "alice" {
+			t.Fatalf("verify %d: %v %v", i, p, err)
+		}
+	}
+	if calls != 1 {
+		t.Fatalf("%d signature checks for one token verified three times, want 1", calls)
+	}
+	clock = clock.Add(VerifiedTTL)
+	if _, err := v.Verify(tok); err != nil || calls != 2 {
+		t.Fatalf("after VerifiedTTL: %v, %d checks, want 2", err, calls)
+	}
+	// Past its exp a cached token is not taken from the cache (the clock here is the
+	// cache's; the parser, on the real clock, still accepts it).
+	short := is.Sign(t, "k1", testissuer.Claims("bob", 2*time.Second), "at+jwt")
+	if _, err := v.Verify(short); err != nil {
+		t.Fatal(err)
+	}
+	clock = clock.Add(3 * time.Second)
+	n := calls
+	v.Verify(short)
+	if calls != n+1 {
+		t.Fatal("a cached token was taken past its exp")
+	}
+	bad := tamper(tok)
+	for range 2 {
+		if _, err := v.Verify(bad); err == nil {
+			t.Fatal("a tampered token verified")
+		}
+	}
+	if _, ok := v.cache[bad]; ok {
+		t.Fatal("a tampered token was cached")
+	}
+}

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -229,14 +230,13 @@ func TestUpdateSettings(t *testing.T) {
 	}
 }
 
-// A full batch is written at once rather than at the next interval.
+// A full map is written at once rather than at the next interval.
 func TestUsageLogWritesFullBatches(t *testing.T) {
 	path := t.TempDir() + "/usage.jsonl"
 	u := OpenUsageLog(path, 0, time.Hour, nil)
 	defer u.Close()
-	rec := UsageRecord{Bucket: strings.Repeat("b", 1000), Method: "GET"}
-	for range UsageBatchBytes/1000 + 10 {
-		u.Add(rec)
+	for i := range UsageBatchKeys + 10 {
+		u.Add(UsageRecord{Bucket: fmt.Sprint("b", i), Action: ActionRead, Status: 200})
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for u.writes.Load() == 0 && time.Now().Before(deadline) {

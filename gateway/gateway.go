@@ -41,7 +41,7 @@ type Config struct {
 	// MaxRequestBodyBytes bounds a request body (0: the protocol's maximum, which is also
 	// the ceiling: a larger limit would accept bodies the nodes refuse after forwarding).
 	MaxRequestBodyBytes int64
-	// Usage receives one record per request; nil: none.
+	// Usage counts every request; nil: none.
 	Usage *UsageLog
 	// UpstreamToken, when set and not empty, is the gateway's own bearer token towards the
 	// nodes (for nodes that run with auth on): clients' tokens are never forwarded.
@@ -57,13 +57,42 @@ type Config struct {
 	// answers preflight and sets the CORS headers itself. nil: every origin without auth,
 	// none with auth (a node's rule).
 	CORSAllowedOrigins []string
-	// Transport reaches the upstreams; nil: one with a 5 s connect timeout.
+	// Transport reaches the upstreams; nil: one with UpstreamConnectTimeout.
 	Transport http.RoundTripper
-	Logger    *slog.Logger
+	// UpstreamConnectTimeout bounds a connection to an upstream in the default Transport
+	// (0: DefaultUpstreamConnectTimeout).
+	UpstreamConnectTimeout time.Duration
+	// UpstreamResponseHeaderTimeout bounds the wait for an upstream's response headers
+	// once the request is sent, except for live reads (long-poll, SSE), which wait for
+	// data by design. Past it the client gets 504 UPSTREAM_TIMEOUT, unmarked: a write may
+	// have been applied. 0: DefaultUpstreamResponseHeaderTimeout; negative: none.
+	UpstreamResponseHeaderTimeout time.Duration
+	// BodyIdleTimeout is the longest gap between two reads of a request body, and the
+	// grace before BodyMinRate applies; a slower body gets 408 BODY_TOO_SLOW, as from a
+	// node. 0: server.DefaultBodyIdleTimeout.
+	BodyIdleTimeout time.Duration
+	// WriteTimeout bounds the relay of a whole non-live answer to the client; a client
+	// that stops reading is disconnected (0: server.DefaultWriteTimeout).
+	WriteTimeout time.Duration
+	// LiveWriteTimeout bounds each write of a live read's answer (long-poll, SSE)
+	// (0: server.DefaultLiveWriteTimeout).
+	LiveWriteTimeout time.Duration
+	// BodyMinRate is the average pace in bytes a second a body keeps after the first
+	// BodyIdleTimeout. 0: server.DefaultBodyMinRate; negative: only the gap is checked.
+	BodyMinRate int64
+	Logger      *slog.Logger
 }
 
-// DefaultInflightBodyBytes is the default gateway-wide request body budget.
-const DefaultInflightBodyBytes = 256 << 20
+// Defaults of Config.
+const (
+	DefaultInflightBodyBytes             = 256 << 20 // gateway-wide request body budget
+	DefaultUpstreamConnectTimeout        = 5 * time.Second
+	DefaultUpstreamResponseHeaderTimeout = 30 * time.Second
+)
+
+// CodeUpstreamTimeout answers a request whose upstream sent no response headers within
+// Config.UpstreamResponseHeaderTimeout.
+const CodeUpstreamTimeout = "UPSTREAM_TIMEOUT"
 
 // CodeIngressBodyLimit is the node's code for a body that does not fit the budget.
 const CodeIngressBodyLimit = server.CodeIngressBodyLimit
@@ -132,9 +161,30 @@ func New(cfg Config) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.UpstreamConnectTimeout <= 0 {
+		cfg.UpstreamConnectTimeout = DefaultUpstreamConnectTimeout
+	}
+	if cfg.UpstreamResponseHeaderTimeout == 0 {
+		cfg.UpstreamResponseHeaderTimeout = DefaultUpstreamResponseHeaderTimeout
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = server.DefaultWriteTimeout
+	}
+	if cfg.LiveWriteTimeout <= 0 {
+		cfg.LiveWriteTimeout = server.DefaultLiveWriteTimeout
+	}
+	if cfg.BodyIdleTimeout <= 0 {
+		cfg.BodyIdleTimeout = server.DefaultBodyIdleTimeout
+	}
+	switch {
+	case cfg.BodyMinRate == 0:
+		cfg.BodyMinRate = server.DefaultBodyMinRate
+	case cfg.BodyMinRate < 0:
+		cfg.BodyMinRate = 0
+	}
 	if cfg.Transport == nil {
 		cfg.Transport = &http.Transport{
-			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			DialContext:         (&net.Dialer{Timeout: cfg.UpstreamConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
 			MaxIdleConnsPerHost: 64,
 			IdleConnTimeout:     90 * time.Second,
 		}
@@ -200,7 +250,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Body != nil {
 		r.Body = in
 	}
-	rec := UsageRecord{Time: g.now().UTC(), Method: r.Method}
+	rec := UsageRecord{Action: actionClass(r)}
 	g.cors(w.Header(), r)
 	g.serve(cw, r, &rec)
 	if cw.status == 0 {
@@ -225,7 +275,9 @@ func (g *Gateway) serve(w *countingWriter, r *http.Request, rec *UsageRecord) {
 		g.refuse(w, r, e, "InvalidRequest")
 		return
 	}
-	rec.Bucket, rec.Stream = t.bucket, t.stream
+	if !t.open && t.act != auth.Admin {
+		rec.Bucket = t.bucket
+	}
 	var p *auth.Principal
 	if a := g.cfg.Auth; a != nil && !t.open {
 		var err error
@@ -286,13 +338,15 @@ func (g *Gateway) serve(w *countingWriter, r *http.Request, rec *UsageRecord) {
 			defer q.releaseLive(t.bucket)
 		}
 	}
+	r = server.PaceBody(w, r, g.cfg.BodyIdleTimeout, g.cfg.BodyMinRate)
 	body, charged, e := g.readBody(r, limit, st.maxInflight)
 	defer g.bodyUsed.Add(-charged)
 	if e != nil {
 		g.refuse(w, r, e, e.Headers[streamcore.HdrNotApplied])
 		return
 	}
-	if r.Method == http.MethodPost || r.Method == http.MethodPut {
+	if r.Method == http.MethodPost || r.Method == http.MethodPut && len(body) > 0 {
+		// An append, or a create with initial data: an empty create writes nothing.
 		rec.Chunks = g.cfg.Usage.chunksOf(int64(len(body)))
 	}
 	var expires time.Time
@@ -339,7 +393,7 @@ func (g *Gateway) readBody(r *http.Request, limit, maxInflight int64) (body []by
 		}
 		b := make([]byte, r.ContentLength)
 		if _, err := io.ReadFull(r.Body, b); err != nil {
-			return nil, charged, unreadable()
+			return nil, charged, unreadable(err)
 		}
 		return b, charged, nil
 	}
@@ -359,12 +413,15 @@ func (g *Gateway) readBody(r *http.Request, limit, maxInflight int64) (body []by
 			return b, charged, nil
 		}
 		if err != nil {
-			return nil, charged, unreadable()
+			return nil, charged, unreadable(err)
 		}
 	}
 }
 
-func unreadable() *streamcore.Error {
+func unreadable(err error) *streamcore.Error {
+	if errors.Is(err, server.ErrBodyTooSlow) {
+		return server.BodyTooSlow()
+	}
 	return streamcore.Errorf(http.StatusBadRequest, streamcore.CodeInvalidRequest, "the request body could not be read").
 		With(streamcore.HdrNotApplied, "RequestBodyUnreadable")
 }
@@ -418,6 +475,14 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, key string, bo
 		if err != nil {
 			if r.Context().Err() != nil {
 				return // the client left
+			}
+			if errors.Is(err, errUpstreamTimeout) {
+				// The request went out: the outcome is unknown, unmarked.
+				g.metrics.upstreamError(up.Host, "timeout")
+				g.cfg.Logger.Warn("gateway: upstream sent no response headers in time", "upstream", up.Host, "timeout", g.cfg.UpstreamResponseHeaderTimeout)
+				e := streamcore.Errorf(http.StatusGatewayTimeout, CodeUpstreamTimeout, "the upstream did not answer within %s", g.cfg.UpstreamResponseHeaderTimeout)
+				g.relayRefusal(w, r, e, false, "")
+				return
 			}
 			if isDialError(err) {
 				// Nothing of the request went out: another upstream may take it, and
@@ -520,8 +585,10 @@ func (g *Gateway) send(r *http.Request, up *url.URL, uri string, body []byte) (*
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
-	out, err := http.NewRequestWithContext(r.Context(), r.Method, u.String(), rd)
+	ctx, cancel := context.WithCancelCause(r.Context())
+	out, err := http.NewRequestWithContext(ctx, r.Method, u.String(), rd)
 	if err != nil {
+		cancel(nil)
 		return nil, err
 	}
 	out.Header = r.Header.Clone()
@@ -537,7 +604,39 @@ func (g *Gateway) send(r *http.Request, up *url.URL, uri string, body []byte) (*
 	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
 		out.Header.Set("X-Forwarded-For", host)
 	}
-	return g.client.Do(out)
+	var timer *time.Timer
+	if d := g.cfg.UpstreamResponseHeaderTimeout; d > 0 && !r.URL.Query().Has("live") {
+		timer = time.AfterFunc(d, func() { cancel(errUpstreamTimeout) })
+	}
+	res, err := g.client.Do(out)
+	if timer != nil && !timer.Stop() && err == nil {
+		// The headers came as the timer fired: the context is gone, and the body with it.
+		res.Body.Close()
+		err = errUpstreamTimeout
+	}
+	if err != nil {
+		if context.Cause(ctx) == errUpstreamTimeout {
+			err = errUpstreamTimeout
+		}
+		cancel(nil)
+		return nil, err
+	}
+	res.Body = &cancelOnClose{ReadCloser: res.Body, cancel: cancel}
+	return res, nil
+}
+
+var errUpstreamTimeout = errors.New("gateway: upstream response header timeout")
+
+// cancelOnClose ends an upstream request's context when its body is closed.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelCauseFunc
+}
+
+func (c *cancelOnClose) Close() error {
+	err := c.ReadCloser.Close()
+	c.cancel(nil)
+	return err
 }
 
 func isDialError(err error) bool {
@@ -591,8 +690,18 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, res *http.Respon
 	}
 	dropHopHeaders(h)
 	h.Set(streamcore.HdrNotAppliedChecked, "1")
-	w.WriteHeader(res.StatusCode)
 	rc := http.NewResponseController(w)
+	// A client that stops reading must not hold the handler and the upstream exchange:
+	// the whole answer gets WriteTimeout, a live one LiveWriteTimeout per write. The
+	// deadline is cleared at the end, as the connection may serve another request.
+	live := r.URL.Query().Has("live")
+	wt := g.cfg.WriteTimeout
+	if live {
+		wt = g.cfg.LiveWriteTimeout
+	}
+	rc.SetWriteDeadline(time.Now().Add(wt))
+	defer rc.SetWriteDeadline(time.Time{})
+	w.WriteHeader(res.StatusCode)
 	rc.Flush()
 	sse := strings.HasPrefix(res.Header.Get("Content-Type"), "text/event-stream")
 	var timer *time.Timer
@@ -618,6 +727,9 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, res *http.Respon
 	for {
 		n, err := res.Body.Read(buf)
 		if n > 0 {
+			if live {
+				rc.SetWriteDeadline(time.Now().Add(wt))
+			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				return
 			}

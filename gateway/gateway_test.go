@@ -334,27 +334,117 @@ func TestUsageLog(t *testing.T) {
 	u := OpenUsageLog(path, 10, time.Hour, nil)
 	defer u.Close()
 	_, gw := startGateway(t, Config{Usage: u}, node.URL)
-	do(t, "POST", gw+"/b/s", "", bytes.Repeat([]byte("x"), 25))
+	// Two writes of 5 and 25 bytes owe 1+3 units; two of 10 and 20 bytes owe 1+2: the
+	// byte totals agree, the chunks do not.
+	do(t, "POST", gw+"/b/s", "", bytes.Repeat([]byte("x"), 5))
+	do(t, "POST", gw+"/b/s2", "", bytes.Repeat([]byte("x"), 25))
+	do(t, "POST", gw+"/c/s", "", bytes.Repeat([]byte("x"), 10))
+	do(t, "POST", gw+"/c/s", "", bytes.Repeat([]byte("x"), 20))
 	do(t, "GET", gw+"/b/s?offset=-1", "", nil)
-	if err := u.Flush(); err != nil {
-		t.Fatal(err)
+	do(t, "GET", gw+"/b/s?offset=-1", "", nil)
+	do(t, "DELETE", gw+"/b/s", "", nil)
+	// A request is counted once its handler returns, which may be just after the client
+	// has the answer: flush until all seven are in.
+	type key struct{ bucket, action string }
+	var sum map[key]UsageLine
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if err := u.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		sum = map[key]UsageLine{}
+		var n int64
+		var seq uint64
+		seen := map[key]bool{}
+		for _, l := range readUsage(t, path) {
+			if l.Seq != seq {
+				if l.Seq != seq+1 {
+					t.Fatalf("batch %d after %d", l.Seq, seq)
+				}
+				seq, seen = l.Seq, map[key]bool{}
+			}
+			k := key{l.Bucket, l.Action}
+			if seen[k] {
+				t.Fatalf("batch %d has two lines for %v", seq, k)
+			}
+			seen[k] = true
+			s := sum[k]
+			s.Requests += l.Requests
+			s.BytesIn += l.BytesIn
+			s.BytesOut += l.BytesOut
+			s.Chunks += l.Chunks
+			s.Errors += l.Errors
+			sum[k] = s
+			n += l.Requests
+		}
+		if n == 7 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests counted, want 7: %+v", n, sum)
+		}
 	}
+	for k, w := range map[key]UsageLine{
+		{"b", ActionRead}:   {Requests: 2, BytesOut: 20},
+		{"b", ActionWrite}:  {Requests: 2, BytesIn: 30, BytesOut: 20, Chunks: 4},
+		{"c", ActionWrite}:  {Requests: 2, BytesIn: 30, BytesOut: 20, Chunks: 3},
+		{"b", ActionDelete}: {Requests: 1, BytesOut: 10},
+	} {
+		if got := sum[k]; got != w {
+			t.Fatalf("%v: %+v, want %+v", k, got, w)
+		}
+	}
+}
+
+func readUsage(t *testing.T, path string) []UsageLine {
+	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	var out []UsageLine
+	for _, s := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		var l UsageLine
+		if err := json.Unmarshal([]byte(s), &l); err != nil {
+			t.Fatalf("line %q: %v", s, err)
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// A failing sink merges its batches into the next one: no count is lost and no batch
+// number is skipped.
+func TestUsageLogFailingSinkMerges(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "later")
+	path := filepath.Join(dir, "usage.jsonl")
+	u := OpenUsageLog(path, 0, time.Hour, nil)
+	defer u.Close()
+	rec := UsageRecord{Bucket: "b", Principal: "iss|sub", Action: ActionWrite, Status: 200, BytesIn: 7, BytesOut: 1}
+	u.Add(rec)
+	if err := u.Flush(); err == nil {
+		t.Fatal("flush into a missing directory succeeded")
+	}
+	rec.Status = 503
+	u.Add(rec)
+	if err := u.Flush(); err == nil {
+		t.Fatal("second flush into a missing directory succeeded")
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	u.Add(UsageRecord{Bucket: "a", Action: ActionRead, Status: 200, BytesOut: 3})
+	if err := u.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	lines := readUsage(t, path)
 	if len(lines) != 2 {
-		t.Fatalf("%d lines: %s", len(lines), data)
+		t.Fatalf("%d lines: %+v", len(lines), lines)
 	}
-	var post, get UsageRecord
-	json.Unmarshal([]byte(lines[0]), &post)
-	json.Unmarshal([]byte(lines[1]), &get)
-	if post.Seq != 1 || post.Bucket != "b" || post.Stream != "s" || post.Method != "POST" || post.Status != 200 ||
-		post.BytesIn != 25 || post.BytesOut != 10 || post.Chunks != 3 || post.Time.IsZero() {
-		t.Fatalf("POST line %+v", post)
+	a, b := lines[0], lines[1]
+	if a.Seq != 1 || b.Seq != 1 || a.Bucket != "a" || a.Requests != 1 || a.BytesOut != 3 {
+		t.Fatalf("line a %+v", a)
 	}
-	if get.Seq != 2 || get.Method != "GET" || get.BytesIn != 0 || get.BytesOut != 10 || get.Chunks != 0 {
-		t.Fatalf("GET line %+v", get)
+	if b.Bucket != "b" || b.Principal != "iss|sub" || b.Requests != 2 || b.Errors != 1 || b.BytesIn != 14 || b.BytesOut != 2 {
+		t.Fatalf("line b %+v", b)
 	}
 }

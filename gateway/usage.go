@@ -1,56 +1,127 @@
 package gateway
 
-// The usage log: one JSON line per request, appended to a file by a background flusher so
-// that a slow or failing file never holds a request up. Lines that could not be written
-// stay queued and go out with the next flush: a failing sink delays reporting, it never
-// drops counts.
+// The usage log: per flush interval, one JSON line per (bucket, principal, action class)
+// counting requests, ingress and egress bytes and chunks, appended to a file as one
+// sequence-numbered batch by a background flusher, so that a slow or failing file never
+// holds a request up. A batch that could not be written is merged into the next one: a
+// failing sink delays reporting, it never drops counts.
 
 import (
+	"bytes"
+	"cmp"
 	"encoding/json"
 	"log/slog"
+	"net/http"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// UsageRecord is one request's line.
+// Action classes of the usage lines.
+const (
+	ActionRead      = "read"      // GET, HEAD
+	ActionLiveRead  = "live_read" // GET with live= (long-poll, SSE)
+	ActionWrite     = "write"     // POST, PUT: counts chunks
+	ActionDelete    = "delete"    // DELETE
+	ActionAdmin     = "admin"     // /__ursula/*, /metrics
+	ActionPreflight = "preflight" // OPTIONS
+	ActionOther     = "other"
+)
+
+// actionClass is the usage class of r.
+func actionClass(r *http.Request) string {
+	p := r.URL.Path
+	switch {
+	case r.Method == http.MethodOptions:
+		return ActionPreflight
+	case strings.HasPrefix(p, "/__ursula/") || p == "/__ursula" || p == "/metrics":
+		return ActionAdmin
+	}
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+		if r.URL.Query().Has("live") {
+			return ActionLiveRead
+		}
+		return ActionRead
+	case http.MethodPost, http.MethodPut:
+		return ActionWrite
+	case http.MethodDelete:
+		return ActionDelete
+	}
+	return ActionOther
+}
+
+// UsageRecord is one request, as the gateway hands it to the log.
 type UsageRecord struct {
-	Seq       uint64    `json:"seq"` // per process, from 1: a gap shows a lost line
-	Time      time.Time `json:"time"`
-	Bucket    string    `json:"bucket,omitempty"`
-	Stream    string    `json:"stream,omitempty"`
-	Principal string    `json:"principal,omitempty"` // "issuer|subject" of a JWT; "|" for a token-file token
-	Method    string    `json:"method"`
-	Status    int       `json:"status"`
+	Bucket    string
+	Principal string // "issuer|subject" of a JWT; "|" for a token-file token; "" anonymous
+	Action    string // an Action* class
+	Status    int
+	BytesIn   int64
+	BytesOut  int64
+	Chunks    int64
+}
+
+// UsageLine is one line of the log: what one (bucket, principal, action class) did within
+// [start, end).
+type UsageLine struct {
+	Seq       uint64    `json:"seq"` // the batch, per process from 1: a gap shows a lost batch
+	Start     time.Time `json:"start"`
+	End       time.Time `json:"end"`
+	Bucket    string    `json:"bucket"`
+	Principal string    `json:"principal"`
+	Action    string    `json:"action"`
+	Requests  int64     `json:"requests"`
+	Errors    int64     `json:"errors"` // of Requests, those answered with a status >= 400
 	BytesIn   int64     `json:"bytes_in"`
 	BytesOut  int64     `json:"bytes_out"`
-	// Chunks is the write's size in billing units: ceil(bytes/unit), at least 1, for a
-	// POST or PUT; 0 otherwise. A per-request sum cannot be recovered from byte totals
+	// Chunks is the writes' size in billing units: the sum over the writes (POST, PUT) of
+	// ceil(bytes/unit), at least 1 each. The sum cannot be recovered from byte totals
 	// afterwards (5+25 KiB and 10+20 KiB agree on bytes but not on units), so it is
-	// counted here.
+	// counted here. Absent without a chunk unit.
 	Chunks int64 `json:"chunks,omitempty"`
 }
 
-// UsageBatchBytes is the queued size at which the flusher writes at once instead of
-// waiting for its interval: lines go out in batches (one open, write and close each),
-// never one write per request, and a busy gateway does not queue a whole interval.
-const UsageBatchBytes = 1 << 20
+type usageKey struct{ bucket, principal, action string }
 
-// UsageLog appends UsageRecords as JSON lines to a file.
+type usageCounts struct{ requests, errors, bytesIn, bytesOut, chunks int64 }
+
+func (c *usageCounts) add(o usageCounts) {
+	c.requests += o.requests
+	c.errors += o.errors
+	c.bytesIn += o.bytesIn
+	c.bytesOut += o.bytesOut
+	c.chunks += o.chunks
+}
+
+// UsageBatchKeys is the number of groups at which the flusher writes at once instead of
+// waiting for its interval, so a gateway seeing many tenants does not hold a large map.
+const UsageBatchKeys = 10000
+
+// UsageLog aggregates UsageRecords and appends them as JSON line batches to a file.
 type UsageLog struct {
 	path      string
 	chunkUnit int64
 	logger    *slog.Logger
+	now       func() time.Time
 
-	flushMu sync.Mutex // one flush at a time, so lines keep their order
-	mu      sync.Mutex // guards seq and pending
-	seq     uint64
-	pending []byte
-	stop    chan struct{}
-	done    chan struct{}
-	kick    chan struct{} // a batch is full
-	writes  atomic.Int64  // file writes, for tests
+	mu    sync.Mutex // guards cur and curStart
+	cur   map[usageKey]*usageCounts
+	start time.Time
+
+	flushMu    sync.Mutex // one flush at a time; guards the fields below
+	seq        uint64
+	unsent     map[usageKey]*usageCounts // counts of batches not written yet
+	unsentFrom time.Time
+	tail       []byte // the rest of a partly written batch, written before anything else
+
+	stop   chan struct{}
+	done   chan struct{}
+	kick   chan struct{} // the map is full
+	writes atomic.Int64  // file writes, for tests
 }
 
 // OpenUsageLog starts a usage log appending to path every flush interval. chunkUnit is
@@ -62,7 +133,10 @@ func OpenUsageLog(path string, chunkUnit int64, flush time.Duration, logger *slo
 	if flush <= 0 {
 		flush = time.Second
 	}
-	u := &UsageLog{path: path, chunkUnit: chunkUnit, logger: logger, stop: make(chan struct{}), done: make(chan struct{}), kick: make(chan struct{}, 1)}
+	u := &UsageLog{path: path, chunkUnit: chunkUnit, logger: logger, now: time.Now,
+		cur: map[usageKey]*usageCounts{}, unsent: map[usageKey]*usageCounts{},
+		stop: make(chan struct{}), done: make(chan struct{}), kick: make(chan struct{}, 1)}
+	u.start = u.now().UTC()
 	go u.run(flush)
 	return u
 }
@@ -75,14 +149,21 @@ func (u *UsageLog) chunksOf(n int64) int64 {
 	return max(1, (n+u.chunkUnit-1)/u.chunkUnit)
 }
 
-// Add queues rec, numbering it.
+// Add counts rec in its group of the current interval.
 func (u *UsageLog) Add(rec UsageRecord) {
+	k := usageKey{rec.Bucket, rec.Principal, rec.Action}
+	c := usageCounts{requests: 1, bytesIn: rec.BytesIn, bytesOut: rec.BytesOut, chunks: rec.Chunks}
+	if rec.Status >= 400 {
+		c.errors = 1
+	}
 	u.mu.Lock()
-	u.seq++
-	rec.Seq = u.seq
-	b, _ := json.Marshal(rec)
-	u.pending = append(append(u.pending, b...), '\n')
-	full := len(u.pending) >= UsageBatchBytes
+	g := u.cur[k]
+	if g == nil {
+		g = &usageCounts{}
+		u.cur[k] = g
+	}
+	g.add(c)
+	full := len(u.cur) >= UsageBatchKeys
 	u.mu.Unlock()
 	if full {
 		select {
@@ -92,27 +173,72 @@ func (u *UsageLog) Add(rec UsageRecord) {
 	}
 }
 
-// Flush writes the queued lines now (for tests and shutdown). Requests keep queueing
-// while it writes: the file is written outside the lock.
+// Flush closes the current interval and writes its batch now (for tests and shutdown),
+// together with any batch a failed write left. Requests keep counting while it writes:
+// the file is written outside the counting lock.
 func (u *UsageLog) Flush() error {
 	u.flushMu.Lock()
 	defer u.flushMu.Unlock()
 	u.mu.Lock()
-	out := u.pending
-	u.pending = nil
+	cur, from := u.cur, u.start
+	u.cur = map[usageKey]*usageCounts{}
+	end := u.now().UTC()
+	u.start = end
 	u.mu.Unlock()
-	if len(out) == 0 {
+
+	if len(u.unsent) == 0 {
+		u.unsentFrom = from
+	}
+	for k, c := range cur {
+		g := u.unsent[k]
+		if g == nil {
+			g = &usageCounts{}
+			u.unsent[k] = g
+		}
+		g.add(*c)
+	}
+	if len(u.tail) > 0 {
+		// The rest of a partly written batch goes first, so lines stay whole.
+		n, err := u.write(u.tail)
+		u.tail = u.tail[n:]
+		if err != nil {
+			return err
+		}
+		u.tail = nil
+	}
+	if len(u.unsent) == 0 {
 		return nil
 	}
-	n, err := u.write(out)
-	if n < len(out) {
-		// Keep whatever did not reach the file, ahead of newer lines. A partly written
-		// line is finished by the next write, so lines stay whole.
-		u.mu.Lock()
-		u.pending = append(out[n:len(out):len(out)], u.pending...)
-		u.mu.Unlock()
+	b := u.render(u.seq+1, u.unsentFrom, end)
+	n, err := u.write(b)
+	if n > 0 {
+		// The batch is (partly) in the file: its number is used, its counts are out.
+		u.seq++
+		u.unsent = map[usageKey]*usageCounts{}
+		if n < len(b) {
+			u.tail = b[n:]
+		}
 	}
 	return err
+}
+
+// render is the batch of the unsent counts, one line per group in a stable order.
+func (u *UsageLog) render(seq uint64, from, end time.Time) []byte {
+	keys := make([]usageKey, 0, len(u.unsent))
+	for k := range u.unsent {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b usageKey) int {
+		return cmp.Or(cmp.Compare(a.bucket, b.bucket), cmp.Compare(a.principal, b.principal), cmp.Compare(a.action, b.action))
+	})
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	for _, k := range keys {
+		c := u.unsent[k]
+		enc.Encode(UsageLine{Seq: seq, Start: from, End: end, Bucket: k.bucket, Principal: k.principal,
+			Action: k.action, Requests: c.requests, Errors: c.errors, BytesIn: c.bytesIn, BytesOut: c.bytesOut, Chunks: c.chunks})
+	}
+	return buf.Bytes()
 }
 
 func (u *UsageLog) write(b []byte) (int, error) {
@@ -143,12 +269,12 @@ func (u *UsageLog) run(every time.Duration) {
 		case <-u.kick:
 		}
 		if err := u.Flush(); err != nil {
-			u.logger.Warn("usage log: flush failed; lines stay queued", "path", u.path, "err", err)
+			u.logger.Warn("usage log: flush failed; counts stay queued for the next batch", "path", u.path, "err", err)
 		}
 	}
 }
 
-// Close flushes what is queued and stops the flusher.
+// Close flushes what is counted and stops the flusher.
 func (u *UsageLog) Close() {
 	close(u.stop)
 	<-u.done

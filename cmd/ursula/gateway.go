@@ -24,6 +24,7 @@ import (
 
 	"github.com/ursula-go/ursula/auth"
 	"github.com/ursula-go/ursula/gateway"
+	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/tlsfiles"
 )
 
@@ -48,6 +49,15 @@ applying per-bucket quotas and writing a usage log. Flags override the config fi
   max_inflight_body_bytes = 268435456 # request body bytes held at once (503 over it)
   cors_allowed_origins = ["https://app.example"]  # or ["*"]; default: a node's rule
   insecure = false                    # allow a non-loopback listener without TLS and auth
+  max_connections = 0                 # client connections open at once, 503 past it (0: from the descriptor limit, at most 16384)
+  idle_timeout = "60s"                # a keep-alive connection idle this long is closed
+  read_header_timeout = "10s"         # time to send a request's headers
+  body_idle_timeout = "10s"           # longest gap within a request body (408 BODY_TOO_SLOW)
+  body_min_rate = 4096                # bytes/s a body averages after body_idle_timeout (-1: off)
+  write_timeout = "60s"               # relaying a whole non-live answer to a client
+  live_write_timeout = "30s"          # each write of a long-poll or SSE answer
+  upstream_connect_timeout = "5s"
+  upstream_response_header_timeout = "30s"  # 504 UPSTREAM_TIMEOUT past it; live reads exempt ("off": none)
   [auth]                              # the node's keys: token_file, issuer, audience,
   token_file = "/etc/ursula/tokens"   # jwks_url, policy_file
   [quota.default]
@@ -76,6 +86,15 @@ type gatewayFile struct {
 		MaxInflightBody     int64    `toml:"max_inflight_body_bytes"`
 		CORSAllowedOrigins  []string `toml:"cors_allowed_origins"`
 		Insecure            bool     `toml:"insecure"`
+		MaxConnections      int      `toml:"max_connections"`
+		IdleTimeout         string   `toml:"idle_timeout"`
+		ReadHeaderTimeout   string   `toml:"read_header_timeout"`
+		BodyIdleTimeout     string   `toml:"body_idle_timeout"`
+		BodyMinRate         int64    `toml:"body_min_rate"`
+		WriteTimeout        string   `toml:"write_timeout"`
+		LiveWriteTimeout    string   `toml:"live_write_timeout"`
+		UpstreamConnect     string   `toml:"upstream_connect_timeout"`
+		UpstreamRespHeader  string   `toml:"upstream_response_header_timeout"`
 	} `toml:"gateway"`
 	Auth  authConfig `toml:"auth"`
 	Quota struct {
@@ -126,9 +145,15 @@ func runGateway(args []string, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
+	gl, err := fc.limits()
+	if err != nil {
+		return err
+	}
 	cfg := gateway.Config{MaxRequestBodyBytes: gc.MaxRequestBodyBytes, Logger: logger,
 		EjectFor: time.Duration(gc.EjectMs) * time.Millisecond, MaxInflightBodyBytes: gc.MaxInflightBody,
-		CORSAllowedOrigins: gc.CORSAllowedOrigins}
+		CORSAllowedOrigins: gc.CORSAllowedOrigins, BodyIdleTimeout: gl.bodyIdle, BodyMinRate: gc.BodyMinRate,
+		UpstreamConnectTimeout: gl.connect, UpstreamResponseHeaderTimeout: gl.respHeader,
+		WriteTimeout: gl.write, LiveWriteTimeout: gl.liveWrite}
 	for _, s := range gc.Upstreams {
 		u, err := url.Parse(strings.TrimRight(strings.TrimSpace(s), "/"))
 		if err != nil {
@@ -164,7 +189,7 @@ func runGateway(args []string, stderr io.Writer) error {
 			return fmt.Errorf("gateway.upstream_ca_file: %w", err)
 		}
 		cfg.Transport = &http.Transport{
-			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			DialContext:         (&net.Dialer{Timeout: gl.connect, KeepAlive: 30 * time.Second}).DialContext,
 			TLSClientConfig:     tlsfiles.ClientConfig(pool, nil),
 			MaxIdleConnsPerHost: 64,
 			IdleConnTimeout:     90 * time.Second,
@@ -231,7 +256,10 @@ func runGateway(args []string, stderr io.Writer) error {
 			}
 		}
 	}()
-	hs := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	// The node's connection limits: a cap with a fast 503 past it, header and idle
+	// timeouts, bounded headers, and the library's own refusals with a JSON body.
+	hs := &http.Server{Handler: g, ReadHeaderTimeout: gl.readHeader, IdleTimeout: gl.idle, MaxHeaderBytes: 64 << 10}
+	ln = server.JSONRefusals(hs, server.LimitConnections(ln, gl.maxConns))
 	served := make(chan error, 1)
 	go func() {
 		if cert == nil {
@@ -254,6 +282,75 @@ func runGateway(args []string, stderr io.Writer) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return hs.Shutdown(sctx)
+}
+
+// gatewayLimits are the gateway's connection and timeout settings, defaults applied.
+type gatewayLimits struct {
+	maxConns                            int
+	idle, readHeader, bodyIdle, connect time.Duration
+	write, liveWrite                    time.Duration
+	respHeader                          time.Duration // negative: none
+}
+
+// limits resolves the connection and timeout keys of [gateway].
+func (fc *gatewayFile) limits() (gatewayLimits, error) {
+	gc := &fc.Gateway
+	var l gatewayLimits
+	dur := func(name, v string, def time.Duration) (time.Duration, error) {
+		if v == "" {
+			return def, nil
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return 0, fmt.Errorf("gateway.%s: %q is not a positive duration such as \"30s\"", name, v)
+		}
+		return d, nil
+	}
+	var err error
+	if l.idle, err = dur("idle_timeout", gc.IdleTimeout, defaultIdleTimeout); err != nil {
+		return l, err
+	}
+	if l.readHeader, err = dur("read_header_timeout", gc.ReadHeaderTimeout, defaultReadHeaderTimeout); err != nil {
+		return l, err
+	}
+	if l.bodyIdle, err = dur("body_idle_timeout", gc.BodyIdleTimeout, server.DefaultBodyIdleTimeout); err != nil {
+		return l, err
+	}
+	if l.write, err = dur("write_timeout", gc.WriteTimeout, server.DefaultWriteTimeout); err != nil {
+		return l, err
+	}
+	if l.liveWrite, err = dur("live_write_timeout", gc.LiveWriteTimeout, server.DefaultLiveWriteTimeout); err != nil {
+		return l, err
+	}
+	if l.connect, err = dur("upstream_connect_timeout", gc.UpstreamConnect, gateway.DefaultUpstreamConnectTimeout); err != nil {
+		return l, err
+	}
+	if gc.UpstreamRespHeader == "off" {
+		l.respHeader = -1
+	} else if l.respHeader, err = dur("upstream_response_header_timeout", gc.UpstreamRespHeader, gateway.DefaultUpstreamResponseHeaderTimeout); err != nil {
+		return l, err
+	}
+	if gc.BodyMinRate < -1 {
+		return l, fmt.Errorf("gateway.body_min_rate %d: want bytes a second, or -1 for off", gc.BodyMinRate)
+	}
+	nofile := raiseNoFile()
+	l.maxConns = gc.MaxConnections
+	switch {
+	case l.maxConns < 0:
+		return l, fmt.Errorf("gateway.max_connections %d must not be negative (0: from the descriptor limit)", l.maxConns)
+	case l.maxConns == 0:
+		// Each client connection may hold one upstream connection too.
+		l.maxConns = defaultMaxConnections
+		if nofile > 0 {
+			if room := (int64(nofile) - descriptorReserve) / 2; room < int64(l.maxConns) {
+				l.maxConns = int(max(room, 64))
+			}
+		}
+	}
+	if nofile > 0 && uint64(l.maxConns) >= nofile {
+		return l, fmt.Errorf("gateway.max_connections %d must be below the descriptor limit %d", l.maxConns, nofile)
+	}
+	return l, nil
 }
 
 // readGatewayFile decodes the config file ("" : an empty config), refusing unknown keys.

@@ -77,12 +77,19 @@ Server flags (flags override the config file):
                        backend = "fs"             # or "s3" ([storage.cold.s3]) or "none"
                        dir = "/mnt/ursula-cold"   # fs: default <data_dir>/cold
                    Security (off by default; docs/security.md): server.tls_cert_file and
-                   server.tls_key_file (HTTPS), [auth] token_file / issuer, audience,
-                   jwks_url / policy_file (bearer tokens), raft.tls_ca_file,
-                   raft.tls_cert_file and raft.tls_key_file (peers over mutual TLS),
-                   server.cors_allowed_origins. A listener beyond loopback without them
-                   refuses to start unless server.insecure = true. SIGHUP reloads the
-                   certificates and the auth files.
+                   server.tls_key_file (HTTPS); raft.tls_ca_file, raft.tls_cert_file and
+                   raft.tls_key_file (peers over mutual TLS); server.cors_allowed_origins.
+                   Bearer tokens, with any [auth] key set:
+                       [auth]
+                       token_file = "tokens"      # lines "TOKEN SCOPE[,SCOPE...]"
+                       issuer = "https://idp.example"   # JWT access tokens (RFC 9068):
+                       audience = "ursula"        #   iss and aud they must carry
+                       jwks_url = "https://idp.example/jwks.json"  # the issuer's keys
+                       jwks_ca_file = "idp-ca.crt"  # CA of an https jwks_url
+                       policy_file = "policy.toml"  # bucket owners and public_read
+                   A listener beyond loopback without TLS and auth refuses to start
+                   unless server.insecure = true. SIGHUP reloads the certificates and
+                   the auth files.
   --engine NAME    "raft" (default): persistent, replicated when peers are configured; with
                    no peers a single voter. "memory": streams live in process memory only.
   --node-id N      overrides raft.node_id, so one config file can serve every node

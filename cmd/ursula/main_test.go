@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"syscall"
@@ -113,4 +114,15 @@ func clientAddr(logs string) string {
 		return ""
 	}
 	return strings.Fields(logs[j+i+5:])[0]
+}
+
+// The usage text names every [auth] key the config file takes.
+func TestUsageNamesAuthKeys(t *testing.T) {
+	typ := reflect.TypeOf(authConfig{})
+	for i := range typ.NumField() {
+		key := typ.Field(i).Tag.Get("toml")
+		if !strings.Contains(usage, key+" = ") {
+			t.Errorf("ursula --help does not name auth.%s", key)
+		}
+	}
 }
