@@ -47,7 +47,10 @@ func TestBucketPurgeErasesStreamsColdObjectsAndFencesTheBucket(t *testing.T) {
 	ts := testserver.Start(t, testserver.Options{Cold: store, ColdConfig: &cfg})
 	admin := httptest.NewServer(ts.Server.AdminHandler())
 	defer admin.Close()
-	do := testserver.Do
+	do := func(t *testing.T, method, url string, body []byte, hdr ...string) (*http.Response, []byte) {
+		// Admin mutations pin this run's process incarnation.
+		return testserver.Do(t, method, url, body, append(hdr, server.HdrProcessIncarnation, server.ProcessIncarnation())...)
+	}
 	ct := []string{"Content-Type", "text/plain"}
 
 	for _, k := range []string{"tenant-a/one", "tenant-a/two", "tenant-b/keep"} {

@@ -222,8 +222,15 @@ func TestApplyStoppedHTTP(t *testing.T) {
 	}
 	ga := e.GroupOf(a)
 	restart := fmt.Sprintf("%s/__ursula/raft/%d/restart", adm.URL, ga)
-	// A mutation pinned to another run is refused and changes nothing.
+	// A mutation pinned to no run, or to another run, is refused and changes nothing.
 	on.Store(false)
+	res, body = doH(t, http.MethodPost, restart, nil, "X-Ursula-Admin", "1", server.HdrProcessIncarnation, "")
+	if res.StatusCode != http.StatusPreconditionRequired || !bytes.Contains(body, []byte(server.CodeProcessIncarnationRequired)) {
+		t.Fatalf("pinned to no incarnation: %d %s", res.StatusCode, body)
+	}
+	if e.StreamRefusal(a) == nil {
+		t.Fatal("a restart without an incarnation restarted the group")
+	}
 	res, body = doH(t, http.MethodPost, restart, nil, "X-Ursula-Admin", "1", server.HdrProcessIncarnation, "0123")
 	if res.StatusCode != http.StatusPreconditionFailed || !bytes.Contains(body, []byte(server.CodeProcessIncarnationMismatch)) {
 		t.Fatalf("pinned to another incarnation: %d %s", res.StatusCode, body)
