@@ -59,6 +59,7 @@ type node struct {
 	log    string
 	args   []string // extra server flags
 	dir    string   // working directory ("" = the test's)
+	env    []string // extra environment variables (NAME=value)
 	mu     sync.Mutex
 	cmd    *exec.Cmd
 	done   chan struct{}
@@ -73,6 +74,9 @@ func (n *node) start() {
 	cmd := exec.Command(binPath, append([]string{"server", "--config", n.config}, n.args...)...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Dir = n.dir
+	if len(n.env) > 0 {
+		cmd.Env = append(os.Environ(), n.env...)
+	}
 	if err := cmd.Start(); err != nil {
 		n.t.Fatal(err)
 	}
