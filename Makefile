@@ -75,6 +75,7 @@ conformance-cold: build conformance-deps s3-deps
 	COLD_BACKEND=s3 COLD_ENGINE=raft test/s3/conformance-cold.sh
 
 LAZY_MB ?= 1024
+CATCHUP_MB ?= 64
 
 ## bench: load benchmark: ursula memory / raft (fsync never, always) / 3-node cluster / reference server
 bench: build conformance-deps s3-deps
@@ -92,6 +93,8 @@ bench: build conformance-deps s3-deps
 	URSULA_REQUIRE_S3=1 $(GO) test -run '^$$' -bench '^BenchmarkColdStartS3$$' -benchtime 1x -timeout 30m ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)|SKIP|coldstart_s3'
 	@echo "== catch-up read throughput: hot tier vs cold tier (fs, s3 on versitygw), 64 MiB stream, 8 MiB responses"
 	URSULA_REQUIRE_S3=1 $(GO) test -run '^$$' -bench 'CatchUp' -benchtime 5x ./server/
+	@echo "== membership: a new node's catch-up of $(CATCHUP_MB) MiB (CATCHUP_MB=1024 for 1 GB), ratio to the ingest rate; appends/s during members add/remove, ratios to the steady state of the same run"
+	URSULA_BENCH_MEMBERSHIP=1 URSULA_BENCH_CATCHUP_MB=$(CATCHUP_MB) $(GO) test -count=1 -run '^TestMembershipBench$$' -v -timeout 90m ./test/cluster | grep -E '^membership-bench|^(ok|FAIL|--- )'
 	@echo "== commit latency: SQLite extension (Python) vs pure-Go adapter (vfs.Open), same server, vs plain local SQLite"
 	$(MAKE) extension
 	$(GO) run ./cextension/bench -n 2000 -ursula $(BIN)/ursula -extension $(BIN)/libursula_vfs.so

@@ -30,9 +30,10 @@ func isOpsPath(p string) bool {
 }
 
 // explicitAdmin reports whether an admin mutation is a non-simple request: it carries
-// X-Ursula-Admin or a JSON Content-Type. Answers the refusal itself otherwise.
+// X-Ursula-Admin, X-Ursula-Process-Incarnation or a JSON Content-Type. Answers the refusal
+// itself otherwise.
 func (s *Server) explicitAdmin(w http.ResponseWriter, r *http.Request) bool {
-	if r.Header.Get(HdrAdmin) != "" {
+	if r.Header.Get(HdrAdmin) != "" || r.Header.Get(HdrProcessIncarnation) != "" {
 		return true
 	}
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err == nil && mt == "application/json" {

@@ -17,10 +17,14 @@ import (
 // HdrProcessIncarnation pins an admin mutation to one run of the server process: the
 // value is metrics' process_incarnation, and a mutation carrying another value (the
 // process restarted since the operator looked) is refused with 412 and changes nothing.
+// Every mutation of the admin plane needs it: one without it is refused with 428.
 const HdrProcessIncarnation = "X-Ursula-Process-Incarnation"
 
 // CodeProcessIncarnationMismatch refuses an admin mutation pinned to another run.
 const CodeProcessIncarnationMismatch = "PROCESS_INCARNATION_MISMATCH"
+
+// CodeProcessIncarnationRequired refuses an admin mutation pinned to no run.
+const CodeProcessIncarnationRequired = "PROCESS_INCARNATION_REQUIRED"
 
 // processIncarnation identifies this run of the process (random, 128 bits).
 var processIncarnation = func() string {
@@ -32,14 +36,19 @@ var processIncarnation = func() string {
 // ProcessIncarnation is this run's incarnation (metrics process_incarnation).
 func ProcessIncarnation() string { return processIncarnation }
 
-// checkIncarnation refuses an admin mutation whose pinned incarnation is not this run's.
-// It answers the refusal itself and returns false then.
+// checkIncarnation refuses an admin mutation that pins no incarnation (428) or another
+// run's (412), before any handler runs. It answers the refusal itself and returns false then.
 func (s *Server) checkIncarnation(w http.ResponseWriter, r *http.Request) bool {
 	v := r.Header.Get(HdrProcessIncarnation)
-	if v == "" || v == processIncarnation {
+	if v == processIncarnation {
 		return true
 	}
 	drainBody(r)
+	if v == "" {
+		s.writeError(w, r, streamcore.Errorf(http.StatusPreconditionRequired, CodeProcessIncarnationRequired,
+			"admin mutations need the header %s: the process_incarnation of GET /__ursula/metrics, read before the operation (ursula ctl sends it)", HdrProcessIncarnation))
+		return false
+	}
 	s.writeError(w, r, streamcore.Errorf(http.StatusPreconditionFailed, CodeProcessIncarnationMismatch,
 		"the request is pinned to process incarnation %q but this process is %q: the node restarted since it was read; read it again (GET /__ursula/metrics) and decide again", v, processIncarnation).
 		With(HdrProcessIncarnation, processIncarnation))

@@ -68,7 +68,7 @@ func (s *Server) routeAdmin(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent) // no preflight grant, ever
 		return
 	}
-	if r.Method != http.MethodGet && r.Method != http.MethodHead && (!s.explicitAdmin(w, r) || !s.checkIncarnation(w, r)) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead && (!s.checkIncarnation(w, r) || !s.explicitAdmin(w, r)) {
 		return // a mutation a web page could have sent, or pinned to another run: refused
 	}
 	if raw != "/__ursula/ready" { // readiness stays open for probes

@@ -129,6 +129,9 @@ func coldDo(t testing.TB, method, url string, body []byte, hdr ...string) (*http
 	}
 	if strings.Contains(url, "/__ursula/") {
 		req.Header.Set(HdrAdmin, "1") // admin mutations must be explicit
+		if _, pinned := req.Header[HdrProcessIncarnation]; !pinned && method != "GET" && method != "HEAD" {
+			req.Header.Set(HdrProcessIncarnation, ProcessIncarnation()) // and pinned to this run
+		}
 	}
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -14,6 +14,8 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -50,6 +52,40 @@ func (e *Engine) SetApplyFault(f ApplyFault) {
 		return
 	}
 	e.life.applyFault.Store(&f)
+}
+
+// EnvTestApplyFault arms a fault in a real process, for tests only (test/cluster): its
+// value "G:N" refuses every command entry of group G from log index N on, "G:N:once"
+// only the first one it is asked to apply (a restart of the group then applies it). The
+// variable is read once, when the engine opens, and only when set; a node started
+// without it has no fault.
+const EnvTestApplyFault = "URSULA_TEST_APPLY_FAULT"
+
+// armTestApplyFault installs the fault EnvTestApplyFault describes (none for "").
+func (e *Engine) armTestApplyFault(spec string) error {
+	if spec == "" {
+		return nil
+	}
+	parts := strings.Split(spec, ":")
+	bad := fmt.Errorf("raftengine: %s=%q: want GROUP:INDEX or GROUP:INDEX:once", EnvTestApplyFault, spec)
+	if len(parts) < 2 || len(parts) > 3 || len(parts) == 3 && parts[2] != "once" {
+		return bad
+	}
+	group, err1 := strconv.ParseUint(parts[0], 10, 64)
+	from, err2 := strconv.ParseUint(parts[1], 10, 64)
+	if err1 != nil || err2 != nil || from == 0 {
+		return bad
+	}
+	once := len(parts) == 3
+	var fired atomic.Bool
+	e.SetApplyFault(func(g uint64, l *raft.Log) error {
+		if g != group || l.Index < from || once && fired.Swap(true) {
+			return nil
+		}
+		return fmt.Errorf("test fault %s=%s refuses index %d", EnvTestApplyFault, spec, l.Index)
+	})
+	e.cfg.Logger.Warn("TEST ONLY: an apply fault is armed; unset "+EnvTestApplyFault+" outside tests", "group", group, "from_index", from, "once", once)
+	return nil
 }
 
 // stopApply records the failure that stops g. Called from Apply with applyMu held.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -222,8 +223,15 @@ func TestApplyStoppedHTTP(t *testing.T) {
 	}
 	ga := e.GroupOf(a)
 	restart := fmt.Sprintf("%s/__ursula/raft/%d/restart", adm.URL, ga)
-	// A mutation pinned to another run is refused and changes nothing.
+	// A mutation pinned to no run, or to another run, is refused and changes nothing.
 	on.Store(false)
+	res, body = doH(t, http.MethodPost, restart, nil, "X-Ursula-Admin", "1", server.HdrProcessIncarnation, "")
+	if res.StatusCode != http.StatusPreconditionRequired || !bytes.Contains(body, []byte(server.CodeProcessIncarnationRequired)) {
+		t.Fatalf("pinned to no incarnation: %d %s", res.StatusCode, body)
+	}
+	if e.StreamRefusal(a) == nil {
+		t.Fatal("a restart without an incarnation restarted the group")
+	}
 	res, body = doH(t, http.MethodPost, restart, nil, "X-Ursula-Admin", "1", server.HdrProcessIncarnation, "0123")
 	if res.StatusCode != http.StatusPreconditionFailed || !bytes.Contains(body, []byte(server.CodeProcessIncarnationMismatch)) {
 		t.Fatalf("pinned to another incarnation: %d %s", res.StatusCode, body)
@@ -296,4 +304,43 @@ func TestApplyFailureOneReplica(t *testing.T) {
 	eventually(t, "the restarted replica to catch up", func() bool {
 		return read(L, key) == "poison,after,"
 	})
+}
+
+// The test-only fault of a real process (URSULA_TEST_APPLY_FAULT): what it parses and
+// which entries it refuses.
+func TestArmTestApplyFault(t *testing.T) {
+	for _, c := range []struct {
+		spec    string
+		ok      bool
+		refuses []bool // indexes 4, 5, 6 of group 2 in turn, then index 9 of group 1
+	}{
+		{"", true, []bool{false, false, false, false}},
+		{"2:5", true, []bool{false, true, true, false}},
+		{"2:5:once", true, []bool{false, true, false, false}},
+		{"2", false, nil},
+		{"2:0", false, nil},
+		{"x:5", false, nil},
+		{"2:5:twice", false, nil},
+		{"2:5:once:x", false, nil},
+	} {
+		e := &Engine{cfg: Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}}
+		err := e.armTestApplyFault(c.spec)
+		if (err == nil) != c.ok {
+			t.Fatalf("%q: err %v", c.spec, err)
+		}
+		if !c.ok {
+			continue
+		}
+		var got []bool
+		for _, at := range []struct{ g, i uint64 }{{2, 4}, {2, 5}, {2, 6}, {1, 9}} {
+			refused := false
+			if h := e.life.applyFault.Load(); h != nil {
+				refused = (*h)(at.g, &raft.Log{Index: at.i}) != nil
+			}
+			got = append(got, refused)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(c.refuses) {
+			t.Fatalf("%q refuses %v, want %v", c.spec, got, c.refuses)
+		}
+	}
 }

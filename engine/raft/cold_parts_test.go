@@ -21,6 +21,15 @@ func doH(t *testing.T, method, url string, body []byte, hdr ...string) (*http.Re
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
+	// Admin mutations pin this run's process incarnation unless the test sets the header
+	// itself (an empty value sends none).
+	if _, pinned := req.Header[server.HdrProcessIncarnation]; !pinned && req.Header.Get(server.HdrAdmin) != "" &&
+		method != http.MethodGet && method != http.MethodHead {
+		req.Header.Set(server.HdrProcessIncarnation, server.ProcessIncarnation())
+	}
+	if v, ok := req.Header[server.HdrProcessIncarnation]; ok && len(v) == 1 && v[0] == "" {
+		req.Header.Del(server.HdrProcessIncarnation)
+	}
 	cl := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	res, err := cl.Do(req)
 	if err != nil {

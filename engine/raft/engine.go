@@ -192,6 +192,9 @@ func Open(cfg Config) (*Engine, error) {
 		cfg.SweepEvery = 10 * time.Second
 	}
 	e := &Engine{cfg: cfg, byID: map[raft.ServerID]Peer{}, alias: map[string]uint64{}, stop: make(chan struct{})}
+	if err := e.armTestApplyFault(os.Getenv(EnvTestApplyFault)); err != nil {
+		return nil, err
+	}
 	if len(cfg.Peers) == 0 {
 		cfg.Peers = []Peer{{ID: cfg.NodeID}}
 		e.cfg.Peers = cfg.Peers

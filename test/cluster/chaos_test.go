@@ -7,6 +7,8 @@ import (
 	"hash/fnv"
 	"math"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -92,51 +94,80 @@ func (h *history) add(client int, in any, call time.Time, out any) {
 	h.mu.Unlock()
 }
 
-// TestKillLeaderDuringProducerAppends: 3 voters on loopback. Idempotent producers append
-// to streams concurrently (each write retried with the same Producer-Seq until
-// acknowledged, through 307s and 503s), while consistency=leader readers read. The leader
-// of the busiest groups is SIGKILLed mid-run and restarted. Then: every acknowledged append
-// is present exactly once and in each producer's order on every node, and the history of
-// appends and leader reads is linearizable (porcupine).
-func TestKillLeaderDuringProducerAppends(t *testing.T) {
-	c := newCluster(t, clusterOpts{nodes: 3, groups: chaosGroups, raft: "heartbeat_timeout_ms = 500"})
-	c.startAll()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	const streams, writersPer = 4, 2
-	keys := make([]string, streams)
-	for s := range streams {
-		keys[s] = fmt.Sprintf("stream%d", s)
+// chaosRun is the load of the chaos tests: idempotent producers append to streams
+// concurrently (each write retried with the same Producer-Seq until acknowledged, through
+// 307s, 503s and dead nodes), while consistency=leader readers read, all through the
+// nodes of live (which a test may change while the load runs).
+type chaosRun struct {
+	t         *testing.T
+	ctx       context.Context
+	cl        *client.Client
+	keys      []string
+	live      atomic.Pointer[[]*node]
+	h         *history
+	stop      atomic.Bool
+	wg        sync.WaitGroup
+	mu        sync.Mutex
+	acked     map[string][]string
+	ackCount  atomic.Int64
+	readCount atomic.Int64
+}
+
+func (r *chaosRun) url(n *node, key string) string { return n.url + "/chaos/" + key }
+
+func (r *chaosRun) nodes() []*node { return *r.live.Load() }
+
+// retry sends a write to the live nodes in turn until it is acknowledged (see retry).
+func (r *chaosRun) retry(f func(*node) (*client.WriteResult, error)) (*client.WriteResult, error) {
+	var last error
+	for i := 0; ; i++ {
+		if r.ctx.Err() != nil {
+			return nil, errors.Join(r.ctx.Err(), last)
+		}
+		ns := r.nodes()
+		res, err := f(ns[i%len(ns)])
+		if err == nil {
+			return res, nil
+		}
+		last = err
+		var ce *client.Error
+		if errors.As(err, &ce) && ce.Status >= 400 && ce.Status < 500 && ce.Status != http.StatusRequestTimeout {
+			return nil, err // a protocol refusal: retrying cannot help
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// startChaos creates the streams and starts writersPer producers and one reader per stream.
+func startChaos(t *testing.T, ctx context.Context, nodes []*node, streams, writersPer int) *chaosRun {
 	cl, err := client.New("", client.WithTimeouts(5*time.Second, 5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	urlOn := func(n *node, key string) string { return n.url + "/chaos/" + key }
-	for _, k := range keys {
-		if _, err := retry(ctx, c, func(n *node) (*client.WriteResult, error) {
-			return cl.Create(ctx, urlOn(n, k), client.CreateOptions{ContentType: "text/plain"})
+	r := &chaosRun{t: t, ctx: ctx, cl: cl, h: &history{t0: time.Now()}, acked: map[string][]string{}}
+	r.live.Store(&nodes)
+	for s := range streams {
+		r.keys = append(r.keys, fmt.Sprintf("stream%d", s))
+	}
+	for _, k := range r.keys {
+		if _, err := r.retry(func(n *node) (*client.WriteResult, error) {
+			return cl.Create(ctx, r.url(n, k), client.CreateOptions{ContentType: "text/plain"})
 		}); err != nil {
 			t.Fatalf("create %s: %v", k, err)
 		}
 	}
-	h := &history{t0: time.Now()}
-	var stop atomic.Bool
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	acked := map[string][]string{}
-	var ackCount, readCount atomic.Int64
-	for s, k := range keys {
+	h := r.h
+	for s, k := range r.keys {
 		for w := range writersPer {
-			wg.Add(1)
+			r.wg.Add(1)
 			go func() {
-				defer wg.Done()
+				defer r.wg.Done()
 				pid := fmt.Sprintf("p-%d-%d", s, w)
-				for seq := uint64(0); !stop.Load(); seq++ {
+				for seq := uint64(0); !r.stop.Load(); seq++ {
 					rec := fmt.Sprintf("%s:%d;", pid, seq)
 					call := time.Now()
-					res, err := retry(ctx, c, func(n *node) (*client.WriteResult, error) {
-						return cl.Append(ctx, urlOn(n, k), []byte(rec), client.AppendOptions{ContentType: "text/plain",
+					res, err := r.retry(func(n *node) (*client.WriteResult, error) {
+						return cl.Append(ctx, r.url(n, k), []byte(rec), client.AppendOptions{ContentType: "text/plain",
 							Producer: &client.ProducerKey{ID: pid, Epoch: 0, Seq: seq}})
 					})
 					if err != nil {
@@ -153,20 +184,21 @@ func TestKillLeaderDuringProducerAppends(t *testing.T) {
 						return
 					}
 					h.add(s*10+w, appendIn{k, rec}, call, off)
-					mu.Lock()
-					acked[k] = append(acked[k], rec)
-					mu.Unlock()
-					ackCount.Add(1)
+					r.mu.Lock()
+					r.acked[k] = append(r.acked[k], rec)
+					r.mu.Unlock()
+					r.ackCount.Add(1)
 				}
 			}()
 		}
-		wg.Add(1)
+		r.wg.Add(1)
 		go func() { // a linearizable reader per stream
-			defer wg.Done()
-			for i := 0; !stop.Load(); i++ {
-				n := c.nodes[i%3]
+			defer r.wg.Done()
+			for i := 0; !r.stop.Load(); i++ {
+				ns := r.nodes()
+				n := ns[i%len(ns)]
 				call := time.Now()
-				rr, err := cl.Read(ctx, urlOn(n, k), client.ReadOptions{Offset: "-1", Consistency: "leader"})
+				rr, err := cl.Read(ctx, r.url(n, k), client.ReadOptions{Offset: "-1", Consistency: "leader"})
 				if err != nil {
 					time.Sleep(20 * time.Millisecond)
 					continue // a failed read has no effect
@@ -175,57 +207,45 @@ func TestKillLeaderDuringProducerAppends(t *testing.T) {
 					continue // a window of a long stream: not a whole-state observation
 				}
 				h.add(100+s, readIn{k}, call, string(rr.Data))
-				readCount.Add(1)
+				r.readCount.Add(1)
 				time.Sleep(10 * time.Millisecond)
 			}
 		}()
 	}
-	time.Sleep(2 * time.Second)
-	// Kill the node leading the most of the streams' groups.
-	counts := map[int]int{}
-	for _, k := range keys {
-		counts[c.leaderOf(groupOf("chaos/"+k), c.nodes[0])]++
-	}
-	victim, best := 0, -1
-	for id, n := range counts {
-		if id != 0 && n > best {
-			victim, best = id, n
+	return r
+}
+
+// waitAcks waits for n more acknowledged appends.
+func (r *chaosRun) waitAcks(n int64) {
+	r.t.Helper()
+	for target := r.ackCount.Load() + n; r.ackCount.Load() < target; time.Sleep(20 * time.Millisecond) {
+		if r.ctx.Err() != nil {
+			r.t.Fatal("producers stalled")
 		}
 	}
-	if victim == 0 {
-		t.Fatal("no leader known for the streams' groups")
-	}
-	before := ackCount.Load()
-	t.Logf("killing node %d (leads %d of %d stream groups) after %d acknowledged appends", victim, best, streams, before)
-	vn := c.nodes[victim-1]
-	vn.kill()
-	time.Sleep(2500 * time.Millisecond)
-	duringOutage := ackCount.Load() - before
-	vn.start()
-	vn.waitReady(30 * time.Second)
-	time.Sleep(1500 * time.Millisecond)
-	stop.Store(true)
-	wg.Wait()
+}
+
+// finish stops the load, then checks that every node of on converges on the same content,
+// with every acknowledged append once and in producer order, and that the history of
+// appends and leader reads is linearizable (porcupine).
+func (r *chaosRun) finish(c *testCluster, on []*node) {
+	t, cl, ctx := r.t, r.cl, r.ctx
+	r.stop.Store(true)
+	r.wg.Wait()
 	if t.Failed() {
 		return
 	}
-	t.Logf("%d acknowledged appends (%d while node %d was down), %d leader reads", ackCount.Load(), duringOutage, victim, readCount.Load())
-	if duringOutage == 0 {
-		t.Error("no append was acknowledged while the old leader was down: no failover")
-	}
-	// Every node converges on the same content, with every acknowledged append once and in
-	// producer order.
-	for _, k := range keys {
-		lr, err := cl.Read(ctx, urlOn(c.nodes[0], k), client.ReadOptions{Offset: "-1", Consistency: "leader", MaxBytes: 8 << 20})
+	for _, k := range r.keys {
+		lr, err := cl.Read(ctx, r.url(on[0], k), client.ReadOptions{Offset: "-1", Consistency: "leader", MaxBytes: 8 << 20})
 		if err != nil {
 			t.Fatalf("leader read %s: %v", k, err)
 		}
 		want := string(lr.Data)
-		for _, n := range c.nodes {
-			got := converge(t, cl, urlOn(n, k), want)
-			mu.Lock()
-			recs := acked[k]
-			mu.Unlock()
+		for _, n := range on {
+			got := converge(t, cl, r.url(n, k), want)
+			r.mu.Lock()
+			recs := r.acked[k]
+			r.mu.Unlock()
 			for _, rec := range recs {
 				if strings.Count(";"+got, ";"+rec) != 1 {
 					t.Fatalf("node %d %s: acknowledged %q present %d times", n.id, k, rec, strings.Count(";"+got, ";"+rec))
@@ -242,7 +262,7 @@ func TestKillLeaderDuringProducerAppends(t *testing.T) {
 			}
 		}
 	}
-	res, info := porcupine.CheckOperationsVerbose(streamModel, h.ops, 30*time.Second)
+	res, info := porcupine.CheckOperationsVerbose(streamModel, r.h.ops, 30*time.Second)
 	switch res {
 	case porcupine.Ok:
 	case porcupine.Unknown:
@@ -250,8 +270,88 @@ func TestKillLeaderDuringProducerAppends(t *testing.T) {
 	default:
 		path := c.dir + "/linearizability.html"
 		porcupine.VisualizePath(streamModel, info, path)
-		t.Fatalf("history of %d operations is not linearizable; see %s", len(h.ops), path)
+		t.Fatalf("history of %d operations is not linearizable; see %s", len(r.h.ops), path)
 	}
+}
+
+// TestKillLeaderDuringProducerAppends: 3 voters on loopback under the chaos load. The
+// leader of the busiest groups is SIGKILLed mid-run and restarted. Then: every
+// acknowledged append is present exactly once and in each producer's order on every node,
+// and the history of appends and leader reads is linearizable (porcupine).
+func TestKillLeaderDuringProducerAppends(t *testing.T) {
+	c := newCluster(t, clusterOpts{nodes: 3, groups: chaosGroups, raft: "heartbeat_timeout_ms = 500"})
+	c.startAll()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	const streams = 4
+	r := startChaos(t, ctx, c.nodes, streams, 2)
+	time.Sleep(2 * time.Second)
+	// Kill the node leading the most of the streams' groups.
+	counts := map[int]int{}
+	for _, k := range r.keys {
+		counts[c.leaderOf(groupOf("chaos/"+k), c.nodes[0])]++
+	}
+	victim, best := 0, -1
+	for id, n := range counts {
+		if id != 0 && n > best {
+			victim, best = id, n
+		}
+	}
+	if victim == 0 {
+		t.Fatal("no leader known for the streams' groups")
+	}
+	before := r.ackCount.Load()
+	t.Logf("killing node %d (leads %d of %d stream groups) after %d acknowledged appends", victim, best, streams, before)
+	vn := c.nodes[victim-1]
+	vn.kill()
+	time.Sleep(2500 * time.Millisecond)
+	duringOutage := r.ackCount.Load() - before
+	vn.start()
+	vn.waitReady(30 * time.Second)
+	time.Sleep(1500 * time.Millisecond)
+	r.stop.Store(true)
+	r.wg.Wait()
+	t.Logf("%d acknowledged appends (%d while node %d was down), %d leader reads", r.ackCount.Load(), duringOutage, victim, r.readCount.Load())
+	if duringOutage == 0 {
+		t.Error("no append was acknowledged while the old leader was down: no failover")
+	}
+	r.finish(c, c.nodes)
+}
+
+// TestReplaceNodeDuringChaos keeps the chaos test's checks running across membership
+// changes: under the same load, node 3 is SIGKILLed and its data wiped, node 4 joins with
+// --join and becomes a voter of every group (`ursula ctl members add`), node 3 is removed
+// (`ursula ctl members remove`), and the load moves to nodes 1, 2 and 4. Every
+// acknowledged append is on nodes 1, 2 and 4 once and in order, and the history of
+// appends and leader reads across the replacement is linearizable (porcupine).
+func TestReplaceNodeDuringChaos(t *testing.T) {
+	c := newCluster(t, clusterOpts{nodes: 3, groups: 4, raft: "heartbeat_timeout_ms = 500"})
+	c.startAll()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := startChaos(t, ctx, c.nodes, 3, 2)
+	r.waitAcks(30)
+	n3 := c.nodes[2]
+	n3.kill()
+	if err := os.RemoveAll(filepath.Join(c.dir, "node3")); err != nil {
+		t.Fatal(err)
+	}
+	two := []*node{c.nodes[0], c.nodes[1]}
+	r.live.Store(&two)
+	r.waitAcks(30)
+	n4 := c.joiner(4)
+	n4.start()
+	c.nodes = append(c.nodes, n4) // cleanup kills it (the load uses r.live, not c.nodes)
+	n4.waitListening(30 * time.Second)
+	t.Logf("members add: %s", strings.TrimSpace(ctlRun(t, c.nodes[0].admin, "members", "add", "4", n4.url)))
+	r.waitAcks(30)
+	t.Logf("members remove: %s", strings.TrimSpace(ctlRun(t, c.nodes[1].admin, "members", "remove", "3")))
+	n4.waitReady(60 * time.Second)
+	live := []*node{c.nodes[0], c.nodes[1], n4}
+	r.live.Store(&live)
+	r.waitAcks(30)
+	t.Logf("%d acknowledged appends, %d leader reads", r.ackCount.Load(), r.readCount.Load())
+	r.finish(c, live)
 }
 
 // retry sends a write to the nodes in turn until it is acknowledged, retrying every

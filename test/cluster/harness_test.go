@@ -59,6 +59,7 @@ type node struct {
 	log    string
 	args   []string // extra server flags
 	dir    string   // working directory ("" = the test's)
+	env    []string // extra environment variables (NAME=value)
 	mu     sync.Mutex
 	cmd    *exec.Cmd
 	done   chan struct{}
@@ -73,6 +74,9 @@ func (n *node) start() {
 	cmd := exec.Command(binPath, append([]string{"server", "--config", n.config}, n.args...)...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Dir = n.dir
+	if len(n.env) > 0 {
+		cmd.Env = append(os.Environ(), n.env...)
+	}
 	if err := cmd.Start(); err != nil {
 		n.t.Fatal(err)
 	}
@@ -240,6 +244,24 @@ func (c *testCluster) leaderOf(group uint64, from *node) int {
 	return id
 }
 
+// hdrIncarnation pins an admin mutation to one run of the node's process.
+const hdrIncarnation = "X-Ursula-Process-Incarnation"
+
+// processIncarnation reads the process_incarnation of the node whose admin plane is at base.
+func processIncarnation(base string) (string, error) {
+	res, b, err := httpDo(http.MethodGet, base+"/__ursula/metrics", nil, nil)
+	if err != nil {
+		return "", err
+	}
+	var m struct {
+		Incarnation string `json:"process_incarnation"`
+	}
+	if res.StatusCode != http.StatusOK || json.Unmarshal(b, &m) != nil || m.Incarnation == "" {
+		return "", fmt.Errorf("metrics of %s: %d %s", base, res.StatusCode, b)
+	}
+	return m.Incarnation, nil
+}
+
 func httpDo(method, url string, body []byte, hdr map[string]string) (*http.Response, []byte, error) {
 	req, err := http.NewRequest(method, url, bytes.NewReader(body))
 	if err != nil {
@@ -250,6 +272,15 @@ func httpDo(method, url string, body []byte, hdr map[string]string) (*http.Respo
 	}
 	if strings.Contains(url, "/__ursula/") {
 		req.Header.Set("X-Ursula-Admin", "1") // admin mutations must be explicit
+		if _, pinned := hdr[hdrIncarnation]; !pinned && method != http.MethodGet && method != http.MethodHead {
+			// and pinned to the process the node runs now, read from its metrics
+			// (a map entry, even an empty one, is the test's own choice).
+			inc, err := processIncarnation(req.URL.Scheme + "://" + req.URL.Host)
+			if err != nil {
+				return nil, nil, err
+			}
+			req.Header.Set(hdrIncarnation, inc)
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -24,7 +24,11 @@ for g in s["groups"]:
     [ "$leading" = "$count" ] && exit 0
   fi
   while read -r leader g; do
-    [ -n "$leader" ] && curl -fsS -X POST -H "X-Ursula-Admin: 1" "${admins[$((leader - 1))]}/__ursula/raft/transfer?group=$g&to=$id" >/dev/null 2>&1 || true
+    [ -n "$leader" ] || continue
+    admin=${admins[$((leader - 1))]}
+    # Admin mutations are pinned to the process the node runs now (428 without).
+    inc=$(curl -fsS "$admin/__ursula/metrics" | python3 -c 'import json,sys; print(json.load(sys.stdin)["process_incarnation"])') || continue
+    curl -fsS -X POST -H "X-Ursula-Admin: 1" -H "X-Ursula-Process-Incarnation: $inc" "$admin/__ursula/raft/transfer?group=$g&to=$id" >/dev/null 2>&1 || true
   done <<<"$moves"
   sleep 0.2
 done
