@@ -304,6 +304,12 @@ func (s *Source) keepAhead(b *base, fi int) {
 		s.seqMu.Unlock()
 		return
 	}
+	if fi >= s.ahead[len(s.ahead)-1].end {
+		// Past every run (a jump to a cached frame): the reader left them.
+		s.ahead = s.ahead[:0]
+		s.seqMu.Unlock()
+		return
+	}
 	reached := 0
 	for reached < len(s.ahead) && s.ahead[reached].start <= fi {
 		reached++
