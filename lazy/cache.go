@@ -66,7 +66,14 @@ func (c *pageCache) put(k cacheKey, data []byte) {
 	if int64(len(data)) > c.limit {
 		return
 	}
-	data = append([]byte(nil), data...)
+	c.putOwned(k, append([]byte(nil), data...))
+}
+
+// putOwned caches data itself, which the caller no longer modifies.
+func (c *pageCache) putOwned(k cacheKey, data []byte) {
+	if int64(len(data)) > c.limit {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if e, ok := c.items[k]; ok {

@@ -36,6 +36,10 @@ type Options struct {
 	// ReadAhead is how many snapshot frames one fetch takes at most when pages are read in
 	// order; 0: 32.
 	ReadAhead int
+	// Parallel is how many runs of frames are fetched ahead of a reader going in order,
+	// each with its own ranged GET, all in flight at once (fewer when they would not fit
+	// in half the cache); 0: 3.
+	Parallel int
 	// MaxFrame bounds one stream record, header included; 0: the server's request cap.
 	MaxFrame int
 }
@@ -45,6 +49,7 @@ const DefaultCacheBytes = 64 << 20
 
 const (
 	defaultReadAhead = 32
+	defaultParallel  = 3
 	// prefixGuess is how much of a snapshot the first ranged GET asks for: the header and
 	// index of a database up to about 2 GiB (frames of 64 KiB), then its first frames.
 	prefixGuess = 512 << 10
@@ -85,9 +90,9 @@ type Source struct {
 	flightMu sync.Mutex
 	inflight map[cacheKey]*flight
 	seqMu    sync.Mutex
-	lastSeq  int // last frame fetched by a read (read-ahead detects runs)
-	run      int // frames the next fetch in a run takes
-	trigger  int // the first frame of the run fetched ahead: reading it fetches the next run
+	lastSeq  int        // last frame fetched or fetched ahead (read-ahead detects runs)
+	run      int        // frames one fetch in a run takes
+	ahead    []frameRun // the runs fetched ahead of the reader (and the one it is in), in order
 
 	bytes, requests atomic.Int64
 
@@ -126,9 +131,10 @@ func Open(ctx context.Context, url string, opts Options) (*Source, error) {
 	}
 	opts.CacheBytes = cmp.Or(opts.CacheBytes, DefaultCacheBytes)
 	opts.ReadAhead = max(1, cmp.Or(opts.ReadAhead, defaultReadAhead))
+	opts.Parallel = max(1, cmp.Or(opts.Parallel, defaultParallel))
 	opts.MaxFrame = cmp.Or(opts.MaxFrame, streamcore.MaxRequestBytes)
 	s := &Source{url: url, c: c, opts: opts, cache: newPageCache(opts.CacheBytes),
-		pages: map[uint32][]uint64{}, commits: map[uint64]uint64{}, inflight: map[cacheKey]*flight{}, lastSeq: -2, trigger: -1, done: make(chan struct{})}
+		pages: map[uint32][]uint64{}, commits: map[uint64]uint64{}, inflight: map[cacheKey]*flight{}, lastSeq: -2, done: make(chan struct{})}
 	info, err := c.Head(ctx, url)
 	if err != nil {
 		return nil, replicator.ClassifyRead(err, "HEAD of the stream")

@@ -179,25 +179,25 @@ func (s *Source) basePage(ctx context.Context, b *base, no uint32) ([]byte, erro
 		s.keepAhead(b, fi)
 		return slice(img), nil
 	}
-	s.seqMu.Lock()
-	arriving := fi == s.trigger
-	s.seqMu.Unlock()
 	var v any
 	var err error
-	if arriving {
-		// The first frame of the run fetched ahead, still in flight: wait for that fetch
-		// (same key) and put the next run in flight.
+	if r, ok := s.fetchedAhead(fi); ok {
+		// A frame of a run fetched ahead, still in flight (or just landed): wait for
+		// that fetch (keyed by the run's first frame) and keep the runs ahead topped up.
 		s.keepAhead(b, fi)
-		v, err = s.once(ctx, key, func() (any, error) { return s.fetchFrames(ctx, b, fi, 1) })
+		v, err = s.once(ctx, cacheKey{kind: fromFrame, off: b.h.Offset, n: uint32(r.start)}, func() (any, error) {
+			return s.fetchFrames(ctx, b, fi, r.end-fi)
+		})
 	} else {
-		n, ahead := s.plan(fi, len(b.x.Frames))
-		v, err = s.once(ctx, key, func() (any, error) { return s.fetchFrames(ctx, b, fi, n) })
-		if err == nil && ahead > 0 {
-			// Pages read in order: fetch the next run while this one is read.
-			go s.once(context.Background(), cacheKey{kind: fromFrame, off: b.h.Offset, n: uint32(fi + n)}, func() (any, error) {
-				return s.fetchFrames(context.Background(), b, fi+n, ahead)
+		n, runs := s.plan(b, fi)
+		// The runs ahead go in flight with this fetch, in parallel: from a store with a
+		// long first-byte time (an S3 cold tier) a scan waits for one of them at most.
+		for _, r := range runs {
+			s.launch(cacheKey{kind: fromFrame, off: b.h.Offset, n: uint32(r.start)}, func() (any, error) {
+				return s.fetchFrames(context.Background(), b, r.start, r.end-r.start)
 			})
 		}
+		v, err = s.once(ctx, key, func() (any, error) { return s.fetchFrames(ctx, b, fi, n) })
 	}
 	if err != nil {
 		return nil, err
@@ -220,50 +220,109 @@ func (s *Source) basePage(ctx context.Context, b *base, no uint32) ([]byte, erro
 	return nil, fmt.Errorf("ursula: lazy: frame %d of the snapshot at %d fell out of the cache", fi, b.h.Offset)
 }
 
-// plan decides how many frames from fi a fetch takes, and how many to fetch ahead in
-// the background: one for a lone read; a run of frames read in order doubles up to
-// ReadAhead.
-func (s *Source) plan(fi, frames int) (n, ahead int) {
+// frameRun is the frames [start, end) of one ranged fetch.
+type frameRun struct{ start, end int }
+
+// frameBytes is the decoded size of one frame of b.
+func frameBytes(b *base) int64 { return int64(b.x.PagesPerFrame) * int64(b.h.PageSize) }
+
+// maxRun is the most frames one fetch in a run takes: ReadAhead, fewer when a run would
+// take more than a quarter of the cache.
+func (s *Source) maxRun(b *base) int {
+	return int(max(1, min(int64(s.opts.ReadAhead), s.opts.CacheBytes/4/frameBytes(b))))
+}
+
+// runsAhead is how many runs of frames are fetched ahead of a reader going in order:
+// Options.Parallel, fewer when they and the run being read would not fit in half the
+// cache.
+func (s *Source) runsAhead(b *base, run int) int {
+	fit := s.opts.CacheBytes / 2 / max(1, int64(run)*frameBytes(b))
+	return int(max(1, min(int64(s.opts.Parallel), fit-1)))
+}
+
+// plan decides how many frames from fi a fetch takes, and which runs to fetch ahead in
+// the background: one frame for a lone read; frames read in order start a run of 2
+// frames, each run fetched ahead doubling up to maxRun, with up to runsAhead runs
+// fetched ahead of the reader.
+func (s *Source) plan(b *base, fi int) (n int, ahead []frameRun) {
+	frames := len(b.x.Frames)
 	s.seqMu.Lock()
 	defer s.seqMu.Unlock()
 	if fi == s.lastSeq+1 || fi == s.lastSeq {
-		s.run = min(max(2*s.run, 2), s.opts.ReadAhead)
+		s.run = min(max(2*s.run, 2), s.maxRun(b))
 	} else {
 		s.run = 1
 	}
+	s.ahead = s.ahead[:0]
 	n = min(s.run, frames-fi)
+	s.lastSeq = fi + n - 1
 	if s.run > 1 {
-		ahead = min(s.run, frames-fi-n)
+		ahead = s.scheduleLocked(b, 0)
 	}
-	s.lastSeq = fi + n + ahead - 1
-	s.trigger = -1
-	if ahead > 0 {
-		s.trigger = fi + n
-	}
-	return n, max(ahead, 0)
+	return n, ahead
 }
 
-// keepAhead keeps a run of frames in flight ahead of a reader going in order: when it
-// reaches the first frame of the run fetched ahead (cached, or arriving), the next run
-// is fetched in the background, so a scan never waits for a whole run.
+// scheduleLocked adds runs after lastSeq to the runs fetched ahead until unreached (the
+// runs the reader has not reached yet) is runsAhead, each run twice the last up to
+// maxRun, and returns them.
+func (s *Source) scheduleLocked(b *base, unreached int) []frameRun {
+	var out []frameRun
+	for {
+		run := min(2*s.run, s.maxRun(b))
+		start := s.lastSeq + 1
+		n := min(run, len(b.x.Frames)-start)
+		if n <= 0 || unreached >= s.runsAhead(b, run) {
+			return out
+		}
+		r := frameRun{start, start + n}
+		s.run = run
+		s.ahead = append(s.ahead, r)
+		s.lastSeq = r.end - 1
+		unreached++
+		out = append(out, r)
+	}
+}
+
+// fetchedAhead reports the run fetched ahead that holds frame fi.
+func (s *Source) fetchedAhead(fi int) (frameRun, bool) {
+	s.seqMu.Lock()
+	defer s.seqMu.Unlock()
+	for _, r := range s.ahead {
+		if fi >= r.start && fi < r.end {
+			return r, true
+		}
+	}
+	return frameRun{}, false
+}
+
+// keepAhead keeps runsAhead runs of frames in flight ahead of a reader going in order:
+// when it reaches the first frame of a run fetched ahead (cached, or arriving), the runs
+// it has passed are dropped and as many new ones go in flight, so a scan rarely waits.
 func (s *Source) keepAhead(b *base, fi int) {
 	s.seqMu.Lock()
-	if fi != s.trigger || s.run < 2 {
+	if len(s.ahead) == 0 || fi < s.ahead[0].start || s.run < 2 {
 		s.seqMu.Unlock()
 		return
 	}
-	start := s.lastSeq + 1
-	n := min(s.run, len(b.x.Frames)-start)
-	if n <= 0 {
-		s.trigger = -1
+	if fi >= s.ahead[len(s.ahead)-1].end {
+		// Past every run (a jump to a cached frame): the reader left them.
+		s.ahead = s.ahead[:0]
 		s.seqMu.Unlock()
 		return
 	}
-	s.lastSeq, s.trigger = start+n-1, start
+	reached := 0
+	for reached < len(s.ahead) && s.ahead[reached].start <= fi {
+		reached++
+	}
+	// The run being read stays listed (its frames may still be arriving).
+	s.ahead = append(s.ahead[:0], s.ahead[reached-1:]...)
+	runs := s.scheduleLocked(b, len(s.ahead)-1)
 	s.seqMu.Unlock()
-	go s.once(context.Background(), cacheKey{kind: fromFrame, off: b.h.Offset, n: uint32(start)}, func() (any, error) {
-		return s.fetchFrames(context.Background(), b, start, n)
-	})
+	for _, r := range runs {
+		s.launch(cacheKey{kind: fromFrame, off: b.h.Offset, n: uint32(r.start)}, func() (any, error) {
+			return s.fetchFrames(context.Background(), b, r.start, r.end-r.start)
+		})
+	}
 }
 
 // fetchFrames fetches frames [fi, fi+n) of b with one ranged GET, caches them and
@@ -313,7 +372,7 @@ func (s *Source) installFrame(b *base, i int, data []byte) ([]byte, error) {
 	if err != nil {
 		return nil, damaged(err, b.off)
 	}
-	s.cache.put(cacheKey{kind: fromFrame, off: b.h.Offset, n: uint32(i)}, img)
+	s.cache.putOwned(cacheKey{kind: fromFrame, off: b.h.Offset, n: uint32(i)}, img)
 	return img, nil
 }
 
@@ -340,12 +399,31 @@ func (s *Source) once(ctx context.Context, key cacheKey, fetch func() (any, erro
 	f := &flight{done: make(chan struct{})}
 	s.inflight[key] = f
 	s.flightMu.Unlock()
+	s.land(key, f, fetch)
+	return f.val, f.err
+}
+
+// launch runs fetch in the background as the flight of key, registered before it
+// returns (so a reader arriving at once waits for it), unless one is in flight already.
+func (s *Source) launch(key cacheKey, fetch func() (any, error)) {
+	s.flightMu.Lock()
+	if _, ok := s.inflight[key]; ok {
+		s.flightMu.Unlock()
+		return
+	}
+	f := &flight{done: make(chan struct{})}
+	s.inflight[key] = f
+	s.flightMu.Unlock()
+	go s.land(key, f, fetch)
+}
+
+// land runs the fetch of flight f and wakes its waiters.
+func (s *Source) land(key cacheKey, f *flight, fetch func() (any, error)) {
 	f.val, f.err = fetch()
 	s.flightMu.Lock()
 	delete(s.inflight, key)
 	s.flightMu.Unlock()
 	close(f.done)
-	return f.val, f.err
 }
 
 // IsSuperseded reports a read that failed because the snapshot it needed was replaced.
