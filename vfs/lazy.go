@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	sqldriver "database/sql/driver"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"strings"
@@ -80,7 +79,7 @@ func (v *lazyVFS) Open(name string, flags sqlvfs.OpenFlag) (sqlvfs.File, sqlvfs.
 	if flags&sqlvfs.OPEN_READWRITE != 0 || flags&sqlvfs.OPEN_CREATE != 0 {
 		return nil, flags, sqlite3.READONLY
 	}
-	return &lazyFile{src: v.src, live: v.live}, flags | sqlvfs.OPEN_READONLY, nil
+	return &lazyFile{f: v.src.NewFile(), live: v.live}, flags | sqlvfs.OPEN_READONLY, nil
 }
 
 func (v *lazyVFS) Delete(name string, syncDir bool) error {
@@ -104,77 +103,30 @@ func (v *lazyVFS) FullPathname(name string) (string, error) {
 	return v.os.FullPathname(name)
 }
 
-// lazyFile is the main database file of a lazy database.
+// lazyFile is the main database file of a lazy database: lazy.File (the file as SQLite
+// sees it, shared with the cgo adapters) plus the lock level and SQLite's error codes.
 type lazyFile struct {
-	src  *lazy.Source
+	f    *lazy.File
 	live bool
 	lock sqlvfs.LockLevel
-	view *lazy.View // pinned while a lock is held
-}
-
-// current is the pinned view, or the latest one outside a transaction.
-func (f *lazyFile) current() *lazy.View {
-	if f.view != nil {
-		return f.view
-	}
-	return f.src.View()
 }
 
 func (f *lazyFile) ReadAt(p []byte, off int64) (int, error) {
-	v := f.current()
-	ps := int64(v.PageSize())
-	size := ps * int64(v.DBPages())
-	n := 0
-	for n < len(p) {
-		pos := off + int64(n)
-		if pos >= size {
-			return n, io.EOF
-		}
-		no := uint32(pos/ps) + 1
-		page, err := v.ReadPage(context.Background(), no)
-		if err != nil {
-			return n, sqlite3.IOERR_READ
-		}
-		in := pos % ps
-		c := copy(p[n:], page[in:])
-		if no == 1 {
-			patchHeader(p[n:n+c], in, v)
-		}
-		n += c
+	n, err := f.f.ReadAt(p, off)
+	if err != nil && err != io.EOF {
+		return n, sqlite3.IOERR_READ
 	}
-	return n, nil
+	return n, err
 }
 
-// patchHeader makes the bytes of page 1 (from byte in on, in b) read as a rollback-mode
-// database whose change counter is the view's offset and whose size is the view's.
-func patchHeader(b []byte, in int64, v *lazy.View) {
-	var counter [4]byte
-	binary.BigEndian.PutUint32(counter[:], uint32(v.Offset())^uint32(v.Offset()>>32))
-	var size [4]byte
-	binary.BigEndian.PutUint32(size[:], v.DBPages())
-	for _, w := range []struct {
-		at  int64
-		val []byte
-	}{{18, []byte{1, 1}}, {24, counter[:]}, {28, size[:]}, {92, counter[:]}} {
-		for i, c := range w.val {
-			if j := w.at + int64(i) - in; j >= 0 && j < int64(len(b)) {
-				b[j] = c
-			}
-		}
-	}
-}
-
-func (f *lazyFile) Size() (int64, error) {
-	v := f.current()
-	return int64(v.PageSize()) * int64(v.DBPages()), nil
-}
+func (f *lazyFile) Size() (int64, error) { return f.f.Size(), nil }
 
 func (f *lazyFile) Lock(l sqlvfs.LockLevel) error {
 	if l > sqlvfs.LOCK_SHARED {
 		return sqlite3.READONLY
 	}
 	if f.lock == sqlvfs.LOCK_NONE && l >= sqlvfs.LOCK_SHARED {
-		f.view = f.src.View()
+		f.f.LockShared()
 	}
 	f.lock = max(f.lock, l)
 	return nil
@@ -183,7 +135,7 @@ func (f *lazyFile) Lock(l sqlvfs.LockLevel) error {
 func (f *lazyFile) Unlock(l sqlvfs.LockLevel) error {
 	f.lock = min(f.lock, l)
 	if l == sqlvfs.LOCK_NONE {
-		f.view = nil
+		f.f.Unlock()
 	}
 	return nil
 }
