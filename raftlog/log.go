@@ -774,6 +774,10 @@ func (l *Log) writeBatch(reqs []*request) error {
 			if err := l.copyForward(); err != nil {
 				return err
 			}
+		} else if err := l.copyForward(); err != nil {
+			// An older segment may now be pinned only by a few live entries (say a roll
+			// or a copy that met a full disk left them there): move them so it can go.
+			return err
 		}
 	}
 	if l.needPurge && l.unsynced {

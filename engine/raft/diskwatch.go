@@ -53,6 +53,10 @@ func (e *Engine) diskWatchLoop() {
 	defer t.Stop()
 	hot := make([]int64, len(e.groups))
 	owed := make([]bool, len(e.groups)) // hot bytes fell and no trim succeeded since
+	// dirty: a trim failed or ran while the disk was under pressure (its compaction may
+	// have freed nothing), so "nothing new to snapshot" does not end the debt: the next
+	// entry gives a snapshot whose compaction has room.
+	dirty := make([]bool, len(e.groups))
 	lastTrim := make([]time.Time, len(e.groups))
 	lastMove := make([]time.Time, len(e.groups))
 	for i, g := range e.groups {
@@ -73,7 +77,15 @@ func (e *Engine) diskWatchLoop() {
 			hot[i] = h
 			if owed[i] && time.Since(lastTrim[i]) >= trimMinEvery {
 				lastTrim[i] = time.Now()
-				owed[i] = !e.trimGroup(g)
+				pressure := e.DiskPressure() != ""
+				switch err := e.trimGroup(g); {
+				case err == nil:
+					dirty[i], owed[i] = pressure, pressure
+				case errors.Is(err, raft.ErrNothingNewToSnapshot):
+					owed[i] = dirty[i]
+				default:
+					dirty[i], owed[i] = true, true
+				}
 			}
 		}
 	}
@@ -111,16 +123,16 @@ func (e *Engine) checkPressure(lastMove []time.Time) {
 }
 
 // trimGroup snapshots g keeping only trimTrailingLogs entries, then restores the
-// configured number for the snapshots that follow. It reports whether it is done (a
-// snapshot was taken, or there was nothing new to take).
-func (e *Engine) trimGroup(g *group) bool {
+// configured number for the snapshots that follow. It returns the snapshot's error
+// (raft.ErrNothingNewToSnapshot when there was nothing new to take).
+func (e *Engine) trimGroup(g *group) error {
 	rc := g.r.ReloadableConfig()
 	short := rc
 	short.TrailingLogs = min(rc.TrailingLogs, trimTrailingLogs)
 	if short != rc {
 		if err := g.r.ReloadConfig(short); err != nil {
 			e.cfg.Logger.Warn("log trim: cannot shorten the trailing logs", "group", g.id, "err", err)
-			return false
+			return err
 		}
 		defer g.r.ReloadConfig(rc)
 	}
@@ -128,12 +140,12 @@ func (e *Engine) trimGroup(g *group) bool {
 	switch {
 	case err == nil:
 		e.disk.trims.Add(1)
-		return true
+		return nil
 	case errors.Is(err, raft.ErrNothingNewToSnapshot):
-		return true
+		return err
 	}
 	e.cfg.Logger.Info("log trim: snapshot failed, will retry", "group", g.id, "err", err)
-	return false
+	return err
 }
 
 // DiskPressure is the admission's refusal while the journal's disk takes no writes, "".
