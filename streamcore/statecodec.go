@@ -33,7 +33,43 @@ func knownStateVersion(v uint8) bool { return v >= 1 && v <= stateCodecVersion }
 // ErrCodec reports a malformed encoded command or state.
 var ErrCodec = errors.New("streamcore: malformed encoding")
 
-type encoder struct{ b []byte }
+// encoder appends to b. With w set (WriteState), it writes b out whenever spill is called
+// past stateSpillBytes and writes large stream blocks to w directly, so encoding a state
+// never builds one slice as large as the state (issue 20: the snapshot of a group holding
+// megabytes of hot bytes spent its time growing and copying that slice).
+type encoder struct {
+	b    []byte
+	w    io.Writer
+	werr error // the first write error; later writes are skipped
+}
+
+// stateSpillBytes is the most WriteState buffers before writing to its writer.
+const stateSpillBytes = 64 << 10
+
+// spill writes the buffered bytes to w once they reach min bytes.
+func (e *encoder) spill(min int) {
+	if e.w == nil || len(e.b) < min || len(e.b) == 0 {
+		return
+	}
+	if e.werr == nil {
+		_, e.werr = e.w.Write(e.b)
+	}
+	e.b = e.b[:0]
+}
+
+// raw appends p, or with a writer and p large, writes what is buffered and then p itself
+// (no copy into b).
+func (e *encoder) raw(p []byte) {
+	if e.w == nil || len(p) < stateSpillBytes/4 {
+		e.b = append(e.b, p...)
+		e.spill(stateSpillBytes)
+		return
+	}
+	e.spill(1)
+	if e.werr == nil {
+		_, e.werr = e.w.Write(p)
+	}
+}
 
 func (e *encoder) u(v uint64)          { e.b = binary.AppendUvarint(e.b, v) }
 func (e *encoder) i(v int64)           { e.b = binary.AppendVarint(e.b, v) }
@@ -152,7 +188,7 @@ func (d *decoder) count() int {
 
 // AppendCommand appends the binary encoding of c to b.
 func AppendCommand(b []byte, c *Command) []byte {
-	e := encoder{b}
+	e := encoder{b: b}
 	e.byte(commandCodecVersion)
 	e.byte(uint8(c.Op))
 	e.s(c.Key)
@@ -296,7 +332,7 @@ func (d *decoder) err2() *Error {
 // A fork's bytes are written in full (its shared prefix is not deduplicated); a restored
 // fork holds its own copy.
 func WriteState(w io.Writer, st *State) error {
-	e := encoder{}
+	e := encoder{b: make([]byte, 0, stateSpillBytes+4096), w: w}
 	e.byte(stateCodecVersion)
 	buckets := make([]string, 0, len(st.Buckets))
 	for b, ok := range st.Buckets {
@@ -314,12 +350,8 @@ func WriteState(w io.Writer, st *State) error {
 	for _, k := range keys {
 		e.s(k)
 		e.stream(st.Streams[k])
-		// Flush per stream so a large state is never held twice in memory.
-		if len(e.b) > 1<<20 {
-			if _, err := w.Write(e.b); err != nil {
-				return err
-			}
-			e.b = e.b[:0]
+		if e.spill(stateSpillBytes); e.werr != nil {
+			return e.werr
 		}
 	}
 	erased := make([]string, 0, len(st.Erased))
@@ -333,8 +365,8 @@ func WriteState(w io.Writer, st *State) error {
 	for _, b := range erased {
 		e.s(b)
 	}
-	_, err := w.Write(e.b)
-	return err
+	e.spill(1)
+	return e.werr
 }
 
 // ReadState decodes a state written by WriteState.
@@ -380,7 +412,7 @@ func (e *encoder) stream(s *Stream) {
 	e.u(s.Data.Base() - held)
 	e.u(s.Data.End() - held)
 	for _, blk := range s.Data.blocks {
-		e.b = append(e.b, blk...)
+		e.raw(blk)
 	}
 	e.u(uint64(len(s.Appends)))
 	prev := uint64(0)
@@ -402,7 +434,8 @@ func (e *encoder) stream(s *Stream) {
 		e.u(s.Snapshot.Offset)
 		e.s(s.Snapshot.ContentType)
 		e.s(s.Snapshot.Digest)
-		e.bs(s.Snapshot.Body)
+		e.u(uint64(len(s.Snapshot.Body))) // as bs, without copying a large body into b
+		e.raw(s.Snapshot.Body)
 		e.s(s.Snapshot.ColdKey)
 		e.u(s.Snapshot.Size)
 	}

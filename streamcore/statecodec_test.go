@@ -265,3 +265,59 @@ func deepDiff(a, b reflect.Value, path string) string {
 	}
 	return ""
 }
+
+// writeLog records the size of every write WriteState makes.
+type writeLog struct {
+	bytes.Buffer
+	biggest int
+	writes  int
+	failAt  int // fail the write with this number (1-based), 0 never
+}
+
+func (w *writeLog) Write(p []byte) (int, error) {
+	w.writes++
+	if w.writes == w.failAt {
+		return 0, fmt.Errorf("disk on fire")
+	}
+	w.biggest = max(w.biggest, len(p))
+	return w.Buffer.Write(p)
+}
+
+// TestWriteStateStreams: a state holding megabytes of stream bytes is written in pieces
+// no larger than a stream block (plus the encoder's small buffer), never as one slice the
+// size of the state, round-trips exactly, and a write error ends the encoding with it.
+func TestWriteStateStreams(t *testing.T) {
+	st := richState(t)
+	big := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB
+	for i := range 6 {
+		st.Apply(&Command{Op: OpAppend, Key: "b/bin", Now: 1_700_000_010_000, ContentType: "application/octet-stream", Body: big[i:]})
+	}
+	if st.Streams["b/bin"].Tail() < 6<<20-16 {
+		t.Fatal("fixture: the stream did not grow")
+	}
+	var w writeLog
+	if err := WriteState(&w, st); err != nil {
+		t.Fatal(err)
+	}
+	if limit := blockSize + stateSpillBytes + 4096; w.biggest > limit || w.writes < 6 {
+		t.Fatalf("%d writes, the biggest %d bytes (limit %d): the encoding was not streamed", w.writes, w.biggest, limit)
+	}
+	got, err := ReadState(w.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := deepDiff(reflect.ValueOf(st).Elem(), reflect.ValueOf(got).Elem(), "State"); diff != "" {
+		t.Fatal(diff)
+	}
+	var again bytes.Buffer
+	WriteState(&again, got)
+	if !bytes.Equal(w.Bytes(), again.Bytes()) {
+		t.Fatal("re-encoding differs")
+	}
+	for _, at := range []int{1, 2, w.writes} {
+		fw := writeLog{failAt: at}
+		if err := WriteState(&fw, st); err == nil || !strings.Contains(err.Error(), "disk on fire") {
+			t.Fatalf("write %d failed: WriteState returned %v", at, err)
+		}
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	coldstore "github.com/ursula-go/ursula/coldtier/store"
+	"github.com/ursula-go/ursula/raftlog"
 	"github.com/ursula-go/ursula/server"
 )
 
@@ -85,49 +86,48 @@ func TestDiskPressureHandsLeadershipOff(t *testing.T) {
 	eventually(t, "node 1 stops reporting pressure", func() bool { return es[0].RaftStatus().(Status).DiskPressure == "" })
 }
 
-// TestFlushTrimsJournal: once a group's data reached the cold tier, the group snapshots
-// and its log is compacted at once (not at SnapshotThreshold), so the journal's bytes on
-// disk drop within seconds; flushing again writes no second cold object for the same bytes.
-func TestFlushTrimsJournal(t *testing.T) {
+// trimNode is a single voter on the node journal with an fs cold tier that flushes only
+// when asked (POST /__ursula/flush-cold/{key} on adm).
+type trimNode struct {
+	e        *Engine
+	l        *raftlog.Log
+	ts, adm  *httptest.Server
+	coldDir  string
+	flushKey func(key string)
+}
+
+func newTrimNode(t *testing.T, groups int) *trimNode {
 	dir := t.TempDir()
-	coldDir := t.TempDir()
-	store, err := coldstore.NewFS(coldDir)
+	n := &trimNode{coldDir: t.TempDir()}
+	store, err := coldstore.NewFS(n.coldDir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg := coldstore.Config{Backend: "fs", Dir: "unused", Root: "root", FlushInterval: coldstore.Duration(time.Hour),
 		FlushSize: 64 << 20, FlushMaxConcurrency: 2, CacheSize: 1 << 20, GCInterval: coldstore.Duration(time.Hour)}
 	stores, l := nodelogStores(t, dir+"/wal")
-	defer l.Close()
+	t.Cleanup(func() { l.Close() })
 	// The default threshold (8192 entries) is far away: only the trim can compact.
-	e, err := Open(Config{NodeID: 1, GroupCount: 2, Dir: dir + "/raft", Stores: stores, RaftLog: io.Discard})
+	e, err := Open(Config{NodeID: 1, GroupCount: groups, Dir: dir + "/raft", Stores: stores, RaftLog: io.Discard})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer e.Close()
+	t.Cleanup(func() { e.Close() })
 	waitReady(t, e)
 	srv := server.New(e, server.Config{ClusterID: "c"})
 	if err := srv.EnableCold(store, cfg, server.ColdOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	defer srv.StopCold()
-	ts := httptest.NewServer(srv)
-	defer ts.Close()
-	adm := httptest.NewServer(srv.AdminHandler())
-	defer adm.Close()
-	key := "trimb/s"
-	do(t, http.MethodPut, ts.URL+"/"+key, nil)
-	body := bytes.Repeat([]byte("t"), 64<<10)
-	for range 96 { // 6 MiB
-		if res, b := do(t, http.MethodPost, ts.URL+"/"+key, body); res.StatusCode != http.StatusNoContent {
-			t.Fatalf("append: %d %s", res.StatusCode, b)
-		}
-	}
-	before := l.Stats().Bytes
-	flush := func() {
+	t.Cleanup(srv.StopCold)
+	n.e, n.l = e, l
+	n.ts = httptest.NewServer(srv)
+	t.Cleanup(n.ts.Close)
+	n.adm = httptest.NewServer(srv.AdminHandler())
+	t.Cleanup(n.adm.Close)
+	n.flushKey = func(key string) {
 		t.Helper()
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-			res, b := do(t, http.MethodPost, adm.URL+"/__ursula/flush-cold/"+key, nil)
+			res, b := do(t, http.MethodPost, n.adm.URL+"/__ursula/flush-cold/"+key, nil)
 			if res.StatusCode == http.StatusOK {
 				return
 			}
@@ -136,26 +136,50 @@ func TestFlushTrimsJournal(t *testing.T) {
 			}
 		}
 	}
-	flush()
+	return n
+}
+
+// fill creates key and appends count bodies of size bytes to it.
+func (n *trimNode) fill(t *testing.T, key string, body []byte, count int) {
+	t.Helper()
+	do(t, http.MethodPut, n.ts.URL+"/"+key, nil)
+	for range count {
+		if res, b := do(t, http.MethodPost, n.ts.URL+"/"+key, body); res.StatusCode != http.StatusNoContent {
+			t.Fatalf("append: %d %s", res.StatusCode, b)
+		}
+	}
+}
+
+// TestFlushTrimsJournal: once a group's data reached the cold tier, the group snapshots
+// and its log is compacted (not at SnapshotThreshold), so the journal's bytes on disk drop
+// within seconds; flushing again writes no second cold object for the same bytes.
+func TestFlushTrimsJournal(t *testing.T) {
+	n := newTrimNode(t, 2)
+	e, l, ts, flush := n.e, n.l, n.ts, n.flushKey
+	key := "trimb/s"
+	body := bytes.Repeat([]byte("t"), 64<<10)
+	n.fill(t, key, body, 96) // 6 MiB
+	before := l.Stats().Bytes
+	flush(key)
 	start := time.Now()
 	eventually(t, "the journal releases the flushed entries", func() bool {
 		return l.Stats().Bytes < before/4 && e.RaftStatus().(Status).LogTrims > 0
 	})
 	t.Logf("journal bytes %d before the flush, %d after %v", before, l.Stats().Bytes, time.Since(start).Round(10*time.Millisecond))
-	objects := countFiles(t, coldDir)
+	objects := countFiles(t, n.coldDir)
 	for range 2 {
-		flush()
+		flush(key)
 	}
-	if n := countFiles(t, coldDir); n != objects {
-		t.Fatalf("repeated flushes of flushed data wrote %d cold objects, then %d", objects, n)
+	if c := countFiles(t, n.coldDir); c != objects {
+		t.Fatalf("repeated flushes of flushed data wrote %d cold objects, then %d", objects, c)
 	}
 	// New bytes make one new object; the flushed ones are not written again.
 	if res, b := do(t, http.MethodPost, ts.URL+"/"+key, body[:1000]); res.StatusCode != http.StatusNoContent {
 		t.Fatalf("append: %d %s", res.StatusCode, b)
 	}
-	flush()
-	if n := countFiles(t, coldDir); n != objects+1 {
-		t.Fatalf("a flush of 1000 new bytes took the cold objects from %d to %d", objects, n)
+	flush(key)
+	if c := countFiles(t, n.coldDir); c != objects+1 {
+		t.Fatalf("a flush of 1000 new bytes took the cold objects from %d to %d", objects, c)
 	}
 	var got []byte
 	for off := "-1"; ; {
@@ -171,6 +195,35 @@ func TestFlushTrimsJournal(t *testing.T) {
 	}
 	if want := append(bytes.Repeat(body, 96), body[:1000]...); !bytes.Equal(got, want) {
 		t.Fatalf("read after the trim: %d bytes, want %d", len(got), len(want))
+	}
+}
+
+// TestTrimWaitsUntilWorthIt: a flush that leaves most of a group's bytes hot does not
+// snapshot the group (the snapshot would rewrite about as much as the trim releases);
+// once the hot bytes are small against the log, the trim runs.
+func TestTrimWaitsUntilWorthIt(t *testing.T) {
+	n := newTrimNode(t, 1)
+	body := bytes.Repeat([]byte("w"), 64<<10)
+	n.fill(t, "worth/big", body, 32)  // 2 MiB stays hot
+	n.fill(t, "worth/small", body, 4) // 256 KiB goes cold
+	n.flushKey("worth/small")
+	g := n.e.groups[0]
+	if held, hot := g.logs.heldBytes(), g.HotBytes(); float64(held) >= DefaultTrimLogRatio*float64(hot) {
+		t.Fatalf("fixture: %d log bytes against %d hot bytes would be worth a trim", held, hot)
+	}
+	// The watch looks every 250 ms; give it several looks (a slow machine only makes this
+	// check weaker, never wrong).
+	time.Sleep(6 * diskWatchTick)
+	if trims := n.e.RaftStatus().(Status).LogTrims; trims != 0 {
+		t.Fatalf("%d trims after a flush that left %d of %d log bytes hot", trims, g.HotBytes(), g.logs.heldBytes())
+	}
+	before := n.l.Stats().Bytes
+	n.flushKey("worth/big")
+	eventually(t, "the trim once the group's bytes are cold", func() bool {
+		return n.e.RaftStatus().(Status).LogTrims > 0 && n.l.Stats().Bytes < before/4
+	})
+	if meta := g.snapMeta.Load(); meta <= 0 || meta > 4<<20 {
+		t.Fatalf("the snapshot's size beyond its hot bytes: %d", meta)
 	}
 }
 

@@ -107,6 +107,10 @@ type Config struct {
 	// WriteAdmission is the node's write admission (raftlog.DiskGuard.WriteRefusal):
 	// while it refuses, this node hands its leaderships off (diskwatch.go). nil: never.
 	WriteAdmission func() (token, reason string)
+	// TrimLogRatio: once hot bytes fall (a cold flush), a group snapshots to trim its log
+	// only when the log it holds is at least this many times the snapshot's expected size
+	// (diskwatch.go). 0: DefaultTrimLogRatio; negative: at every fall of the hot bytes.
+	TrimLogRatio float64
 	// BatchProposals: concurrent proposals to a group share log entries (batch.go).
 	// Measured a gain only with a journal that fsyncs every append; off, every command
 	// is its own entry.
@@ -184,6 +188,9 @@ func Open(cfg Config) (*Engine, error) {
 	}
 	if cfg.SnapshotInterval == 0 {
 		cfg.SnapshotInterval = 30 * time.Second
+	}
+	if cfg.TrimLogRatio == 0 {
+		cfg.TrimLogRatio = DefaultTrimLogRatio
 	}
 	if cfg.ApplyTimeout == 0 {
 		cfg.ApplyTimeout = 10 * time.Second

@@ -1,7 +1,6 @@
 package raftengine
 
 import (
-	"bufio"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -51,6 +50,10 @@ type group struct {
 	seen    atomic.Uint64
 	logs    *sizedLog
 	snaps   raft.SnapshotStore
+	// snapMeta is what the last snapshot this replica wrote held beyond its hot bytes
+	// (stream metadata, producers, receipts, bytes below Base in a partly trimmed block):
+	// with the current hot bytes, the estimate of the next snapshot's size (diskwatch.go).
+	snapMeta atomic.Int64
 
 	hadState         bool        // the replica held Raft state when the node started
 	gated            atomic.Bool // recovery gate closed: no votes, no campaigns, no transfers to it
@@ -219,8 +222,9 @@ func (g *group) Snapshot() (raft.FSMSnapshot, error) {
 	}
 	g.RLock()
 	st := streamcore.CaptureState(g.StateLocked())
+	hot := g.HotBytes()
 	g.RUnlock()
-	return &fsmSnapshot{st: st}, nil
+	return &fsmSnapshot{st: st, g: g, hot: hot}, nil
 }
 
 // Restore implements raft.FSM.
@@ -252,19 +256,33 @@ func (g *group) restoreFrom(rc io.Reader) error {
 	return nil
 }
 
-type fsmSnapshot struct{ st *streamcore.State }
+type fsmSnapshot struct {
+	st  *streamcore.State
+	g   *group
+	hot int64 // the group's hot bytes when the state was captured
+}
 
+// Persist writes the state to the sink. WriteState writes in pieces of at least 64 KiB
+// (whole stream blocks directly), so no buffer of its own is needed here.
 func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
-	w := bufio.NewWriterSize(sink, 1<<20)
-	err := streamcore.WriteState(w, s.st)
-	if err == nil {
-		err = w.Flush()
-	}
-	if err != nil {
+	w := &countingWriter{w: sink}
+	if err := streamcore.WriteState(w, s.st); err != nil {
 		sink.Cancel()
 		return err
 	}
+	s.g.snapMeta.Store(max(0, w.n-s.hot))
 	return sink.Close()
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }
 
 func (s *fsmSnapshot) Release() { s.st = nil }

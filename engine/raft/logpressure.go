@@ -39,6 +39,7 @@ type sizedLog struct {
 	mu    sync.Mutex
 	base  uint64   // index of sizes[0]
 	sizes []uint32 // sizes of the entries base, base+1, ...
+	total int64    // sum of sizes
 }
 
 func newSizedLog(s raft.LogStore) (*sizedLog, error) {
@@ -71,11 +72,29 @@ func (l *sizedLog) record(e *raft.Log) {
 	end := l.base + uint64(len(l.sizes))
 	switch {
 	case len(l.sizes) == 0 || e.Index < l.base || e.Index > end:
-		l.base, l.sizes = e.Index, l.sizes[:0]
+		l.base, l.sizes, l.total = e.Index, l.sizes[:0], 0
 	case e.Index < end:
-		l.sizes = l.sizes[:e.Index-l.base] // an overwritten tail
+		l.cut(int(e.Index - l.base)) // an overwritten tail
 	}
-	l.sizes = append(l.sizes, entrySize(e))
+	n := entrySize(e)
+	l.sizes = append(l.sizes, n)
+	l.total += int64(n)
+}
+
+// cut drops the sizes from position i on. Called with mu held.
+func (l *sizedLog) cut(i int) {
+	for _, s := range l.sizes[i:] {
+		l.total -= int64(s)
+	}
+	l.sizes = l.sizes[:i]
+}
+
+// heldBytes is the size of every entry the store holds (what a snapshot keeping few
+// trailing entries lets the journal release).
+func (l *sizedLog) heldBytes() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.total
 }
 
 // IsMonotonic forwards raft.MonotonicLogStore.
@@ -116,12 +135,16 @@ func (l *sizedLog) DeleteRange(lo, hi uint64) error {
 	switch {
 	case len(l.sizes) == 0 || hi < l.base || lo >= end:
 	case lo <= l.base && hi+1 >= end:
-		l.sizes = l.sizes[:0]
+		l.sizes, l.total = l.sizes[:0], 0
 	case lo <= l.base:
-		l.sizes = append([]uint32(nil), l.sizes[hi+1-l.base:]...)
+		k := int(hi + 1 - l.base)
+		for _, s := range l.sizes[:k] {
+			l.total -= int64(s)
+		}
+		l.sizes = append([]uint32(nil), l.sizes[k:]...)
 		l.base = hi + 1
 	default:
-		l.sizes = l.sizes[:lo-l.base] // a tail (a conflict with the leader)
+		l.cut(int(lo - l.base)) // a tail (a conflict with the leader)
 	}
 	return nil
 }
