@@ -953,6 +953,14 @@ func (l *Log) copyForward() error {
 				return err
 			}
 			moved += count
+			// Write as it goes: the batch buffer (kept for every later batch) stays
+			// about a record's size instead of growing to the whole copy (up to a
+			// quarter segment). The locs were copied above, so applying is safe here.
+			if len(l.batch) >= recordSplitBytes {
+				if err := l.flushPending(); err != nil {
+					return err
+				}
+			}
 		}
 	}
 	if err := l.flushPending(); err != nil {

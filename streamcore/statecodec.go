@@ -186,6 +186,24 @@ func (d *decoder) count() int {
 	return int(v)
 }
 
+// CommandSizeHint is an upper bound of len(AppendCommand(nil, c)) for the commands the
+// engines propose (a BodyFault's headers aside), so a caller can allocate the buffer
+// once: every varint counts its largest size.
+func CommandSizeHint(c *Command) int {
+	n := 40*binary.MaxVarintLen64 + len(c.Key) + len(c.ContentType) + len(c.ExpiresAt) + len(c.Body) +
+		len(c.StreamSeq) + len(c.SnapshotType) + len(c.SnapshotDigest) + len(c.SnapshotColdKey) + len(c.ChunkKey)
+	if c.Fork != nil {
+		n += len(c.Fork.Source)
+	}
+	if c.Producer != nil {
+		n += len(c.Producer.ID) + len(c.Producer.Digest)
+	}
+	if c.BodyFault != nil {
+		n += len(c.BodyFault.Code) + len(c.BodyFault.Message)
+	}
+	return n
+}
+
 // AppendCommand appends the binary encoding of c to b.
 func AppendCommand(b []byte, c *Command) []byte {
 	e := encoder{b: b}

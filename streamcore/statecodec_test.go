@@ -321,3 +321,23 @@ func TestWriteStateStreams(t *testing.T) {
 		}
 	}
 }
+
+// TestCommandSizeHint: the hint bounds the encoding, including every varint at its
+// largest, so the raft engine's one allocation per proposal is never grown.
+func TestCommandSizeHint(t *testing.T) {
+	huge := uint64(1<<64 - 1)
+	cases := []*Command{
+		{Op: OpAppend, Key: "b/s"},
+		{Op: OpAppend, Key: "b/s", ContentType: "application/octet-stream", Body: make([]byte, 4096), Now: -1 << 62,
+			Producer: &ProducerHeaders{ID: "writer-1", Epoch: huge, Seq: huge, Digest: strings.Repeat("d", 64)}, StreamSeq: "0042"},
+		{Op: OpCreate, Key: "b/f", Now: 1 << 62, IfIncarnation: huge, TTL: -1 << 62, ExpiresAt: "2030-01-01T00:00:00Z", ExpiresAtMs: 1 << 62,
+			NewIncarnation: huge, Fork: &ForkSpec{Source: "b/o", Offset: huge, HasOffset: true, SubOffset: huge}, Messages: 1 << 40, Close: true,
+			BodyFault: Errorf(400, "BAD_JSON", "the body is not JSON"), DigestBad: true, WithIncHdr: true, Offset: huge,
+			SnapshotType: "t", SnapshotDigest: "sd", SnapshotColdKey: "k", SnapshotSize: huge, BoundaryRefuted: true, ChunkKey: "c", ChunkEnd: huge},
+	}
+	for i, c := range cases {
+		if n, hint := len(AppendCommand(nil, c)), CommandSizeHint(c); n > hint {
+			t.Fatalf("case %d: encoding of %d bytes, hint %d", i, n, hint)
+		}
+	}
+}

@@ -417,7 +417,7 @@ func (e *Engine) Propose(ctx context.Context, c *streamcore.Command) (streamcore
 	if g.r.State() != raft.Leader {
 		return streamcore.Result{}, e.leaderErr(g, false)
 	}
-	data := make([]byte, 1, 64+len(c.Body))
+	data := make([]byte, 1, 1+streamcore.CommandSizeHint(c)) // one allocation, never grown
 	data[0] = entryCommand
 	data = streamcore.AppendCommand(data, c)
 	if !e.cfg.BatchProposals {
