@@ -258,6 +258,26 @@ func (r *slicesReader) Read(b []byte) (int, error) {
 	return n, nil
 }
 
+// WriteTo writes the unread bytes to w piece by piece, without copying them (the fs
+// store writes a chunk's blocks straight to its file).
+func (r *slicesReader) WriteTo(w io.Writer) (int64, error) {
+	var total int64
+	pos := int64(0)
+	for _, p := range r.parts {
+		pl := int64(len(p))
+		if r.off < pos+pl {
+			n, err := w.Write(p[r.off-pos:])
+			total += int64(n)
+			r.off += int64(n)
+			if err != nil {
+				return total, err
+			}
+		}
+		pos += pl
+	}
+	return total, nil
+}
+
 func (r *slicesReader) Seek(offset int64, whence int) (int64, error) {
 	switch whence {
 	case io.SeekStart:

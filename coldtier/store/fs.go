@@ -75,7 +75,14 @@ func (f *FS) Put(ctx context.Context, key string, body io.Reader, size int64) er
 			os.Remove(tmp)
 		}
 	}()
-	n, err := io.Copy(out, &ctxReader{ctx: ctx, r: body})
+	var n int64
+	if wt, isWT := body.(io.WriterTo); isWT {
+		// The body writes its own pieces (the flusher's chunk: whole stream blocks), one
+		// write each, without a copy through io.Copy's 32 KiB buffer.
+		n, err = wt.WriteTo(&ctxWriter{ctx: ctx, w: out})
+	} else {
+		n, err = io.Copy(out, &ctxReader{ctx: ctx, r: body})
+	}
 	if err != nil {
 		return err
 	}
@@ -97,6 +104,19 @@ func (f *FS) Put(ctx context.Context, key string, body io.Reader, size int64) er
 		d.Close()
 	}
 	return nil
+}
+
+// ctxWriter stops a WriteTo between writes once ctx is done.
+type ctxWriter struct {
+	ctx context.Context
+	w   io.Writer
+}
+
+func (c *ctxWriter) Write(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.w.Write(p)
 }
 
 type ctxReader struct {
