@@ -75,6 +75,9 @@ func (a *readAhead) Read(p []byte) (int, error) {
 	err := a.raw.Read(a.call)
 	a.iov[0], a.iov[1] = nil, nil
 	n := a.n
+	if oe, ok := err.(*net.OpError); ok {
+		err = oe.Err // the raw read's own wrapping: wrapped once below, as a read
+	}
 	if err == nil {
 		err = a.err
 	}
