@@ -53,7 +53,7 @@ func TestReadAheadBytesInOrder(t *testing.T) {
 	}
 	a := ra.(*readAhead)
 	srvConn.SetReadDeadline(time.Now().Add(20 * time.Second)) // a lost byte fails, not hangs
-	sent := make([]byte, 4096+300) // a request head and a 4 KiB body, in one write
+	sent := make([]byte, 4096+300)                            // a request head and a 4 KiB body, in one write
 	for i := range sent {
 		sent[i] = byte(i * 7)
 	}
