@@ -11,7 +11,9 @@ import (
 // engine keeps it in this process; the raft engine replicates the same commands through
 // multi-Raft groups. Handlers never know which one runs.
 type Engine interface {
-	// Propose applies a command once it is committed and returns its answer.
+	// Propose applies a command once it is committed and returns its answer. It keeps no
+	// reference to c.Body of an append once it returns, even early (the server reads
+	// append bodies into pooled buffers it reuses after the request).
 	Propose(ctx context.Context, c *streamcore.Command) (streamcore.Result, error)
 	// View runs fn under the engine's read lock with the state holding key and the live
 	// stream at key (nil when missing or expired at now). fn must not keep *Stream; byte

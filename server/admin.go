@@ -43,6 +43,9 @@ func (m *metrics) init() {
 	m.requests = map[reqKey]*reqStat{}
 }
 
+// statusClasses names the status classes 1xx to 5xx (a table: no formatting per request).
+var statusClasses = [...]string{"1xx", "2xx", "3xx", "4xx", "5xx"}
+
 func (m *metrics) observe(method string, status int, d time.Duration) {
 	if status == 0 {
 		status = http.StatusOK
@@ -52,7 +55,13 @@ func (m *metrics) observe(method string, status int, d time.Duration) {
 	default:
 		method = "OTHER"
 	}
-	k := reqKey{method, fmt.Sprintf("%dxx", status/100)}
+	var class string
+	if c := status / 100; c >= 1 && c <= 5 {
+		class = statusClasses[c-1]
+	} else {
+		class = fmt.Sprintf("%dxx", c)
+	}
+	k := reqKey{method, class}
 	m.mu.Lock()
 	st := m.requests[k]
 	if st == nil {

@@ -89,24 +89,25 @@ func (l Limits) withDefaults() Limits {
 // paceRequest sets the response's write deadline and paces the request body. The write
 // deadline restarts once the body has arrived, so a slow upload does not eat it.
 //
-// It returns a shallow copy of r carrying the paced body: the server's own request must
-// keep its body, or net/http, seeing an unknown body type, tries to drain a declared but
-// never sent body before answering, and waits for it forever.
-func (s *Server) paceRequest(w http.ResponseWriter, r *http.Request, start time.Time) *http.Request {
-	rc := http.NewResponseController(w)
+// It returns a shallow copy of r (in x) carrying the paced body: the server's own request
+// must keep its body, or net/http, seeing an unknown body type, tries to drain a declared
+// but never sent body before answering, and waits for it forever.
+func (s *Server) paceRequest(x *exchange, r *http.Request, start time.Time) *http.Request {
+	x.rc = *http.NewResponseController(&x.sw)
+	rc := &x.rc
 	wt := s.cfg.Limits.WriteTimeout
 	rc.SetWriteDeadline(start.Add(wt)) // ErrNotSupported off a real connection: nothing to bound
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
 		return r
 	}
-	paced := *r
-	r = &paced
-	r.Body = &pacedBody{
+	x.req = *r
+	x.paced = pacedBody{
 		body: r.Body, rc: rc, start: start,
 		idle: s.cfg.Limits.BodyIdleTimeout, minRate: s.cfg.Limits.BodyMinRate,
-		onEOF: func() { rc.SetWriteDeadline(time.Now().Add(wt)) },
+		writeTimeout: wt,
 	}
-	return r
+	x.req.Body = &x.paced
+	return &x.req
 }
 
 // Admission says whether the node takes writes now. WriteRefusal returns "" when it does,

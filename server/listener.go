@@ -1,9 +1,11 @@
 package server
 
 import (
+	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -80,6 +82,14 @@ type limitedConn struct {
 	net.Conn
 	l    *ConnLimitListener
 	once sync.Once
+}
+
+// SyscallConn exposes the descriptor beneath, for the read-ahead (readahead_linux.go).
+func (c *limitedConn) SyscallConn() (syscall.RawConn, error) {
+	if sc, ok := c.Conn.(syscall.Conn); ok {
+		return sc.SyscallConn()
+	}
+	return nil, errors.ErrUnsupported
 }
 
 func (c *limitedConn) Close() error {

@@ -13,6 +13,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -83,6 +84,9 @@ func (l *refusalListener) Accept() (net.Conn, error) {
 		return rc, nil
 	}
 	rc := &refusalConn{Conn: c}
+	if ra := newReadAhead(c); ra != nil {
+		rc.ra = ra
+	}
 	rc.armed.Store(true)
 	return rc, nil
 }
@@ -101,6 +105,14 @@ func (c *refusalTLSConn) ConnectionState() tls.ConnectionState { return c.tc.Con
 type refusalConn struct {
 	net.Conn
 	armed atomic.Bool
+	ra    io.Reader // the plain TCP connection's read-ahead (readahead_linux.go); nil: none
+}
+
+func (c *refusalConn) Read(p []byte) (int, error) {
+	if c.ra != nil {
+		return c.ra.Read(p)
+	}
+	return c.Conn.Read(p)
 }
 
 func findRefusalConn(c net.Conn) *refusalConn {

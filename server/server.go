@@ -52,6 +52,8 @@ type Server struct {
 	flushes   flushLimiter
 	admit     Admission // nil: writes are never refused for node pressure
 	usage     usageMeter
+	// clusterIDValue is the Ursula-Cluster-Id header value, shared by every answer.
+	clusterIDValue []string
 }
 
 // New returns a server over eng.
@@ -68,6 +70,7 @@ func New(eng engine.Engine, cfg Config) *Server {
 	cfg.Limits = cfg.Limits.withDefaults()
 	s := &Server{cfg: cfg, engine: eng, clock: time.Now, bodies: newBodyBudget(cfg.Limits.InflightBodyBytes),
 		coldReads: newColdBudget(cfg.Limits.InflightColdReadBytes)}
+	s.clusterIDValue = []string{cfg.ClusterID}
 	s.metrics.init()
 	s.ready.Store(true)
 	return s
@@ -108,14 +111,28 @@ type target struct {
 	url    string // the path the client addressed (for Location)
 }
 
+// exchange is what ServeHTTP keeps for one request, in one allocation: the status
+// recording writer, its response controller, and the paced copy of the request with its
+// body (paceRequest). One allocation instead of four on every request.
+type exchange struct {
+	sw    statusWriter
+	rc    http.ResponseController
+	req   http.Request
+	paced pacedBody
+}
+
 // ServeHTTP routes a request.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	rw := &statusWriter{ResponseWriter: w}
+	x := &exchange{sw: statusWriter{ResponseWriter: w}}
+	rw := &x.sw
 	s.commonHeaders(rw.Header(), r)
-	r = s.paceRequest(rw, r, start)
+	r = s.paceRequest(x, r, start)
 	defer func() {
 		s.bodies.give(rw.bodyCharge)
+		if rw.scratch != nil {
+			putScratch(rw.scratch) // the handler is done with the body it read
+		}
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler {
 				panic(v)
@@ -130,21 +147,37 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.route(rw, r)
 }
 
+// Header values every answer carries. net/http never changes a value slice in place (it
+// clones the map before writing it), Set and Del replace the slice and Add appends past
+// its capacity, so the slices are shared by every request instead of allocated for each.
+var (
+	hdrProtocolValue = []string{streamcore.ProtocolVersion}
+	hdrNoStore       = []string{"no-store"}
+	hdrStar          = []string{"*"}
+	hdrVaryOrigin    = []string{"Origin"}
+	hdrNoSniff       = []string{"nosniff"}
+	hdrCrossOrigin   = []string{"cross-origin"}
+)
+
 func (s *Server) commonHeaders(h http.Header, r *http.Request) {
-	h["Ursula-Protocol"] = []string{streamcore.ProtocolVersion}
-	h["Ursula-Cluster-Id"] = []string{s.cfg.ClusterID}
-	h["Cache-Control"] = []string{"no-store"}
+	h["Ursula-Protocol"] = hdrProtocolValue
+	h["Ursula-Cluster-Id"] = s.clusterIDValue
+	h["Cache-Control"] = hdrNoStore
 	if isOpsPath(r.URL.Path) {
 		// Admin routes get no CORS grant: a web page must not drive the node's operations.
 	} else if o := s.corsOrigin(r.Header.Get("Origin")); o != "" {
-		h["Access-Control-Allow-Origin"] = []string{o}
-		h["Access-Control-Expose-Headers"] = []string{"*"}
+		if o == "*" {
+			h["Access-Control-Allow-Origin"] = hdrStar
+		} else {
+			h["Access-Control-Allow-Origin"] = []string{o}
+		}
+		h["Access-Control-Expose-Headers"] = hdrStar
 		if o != "*" {
-			h["Vary"] = []string{"Origin"}
+			h["Vary"] = hdrVaryOrigin
 		}
 	}
-	h["X-Content-Type-Options"] = []string{"nosniff"}
-	h["Cross-Origin-Resource-Policy"] = []string{"cross-origin"}
+	h["X-Content-Type-Options"] = hdrNoSniff
+	h["Cross-Origin-Resource-Policy"] = hdrCrossOrigin
 }
 
 // writeResult writes a command's answer.
@@ -154,8 +187,12 @@ func (s *Server) writeResult(w http.ResponseWriter, r *http.Request, t *target, 
 		return
 	}
 	h := w.Header()
-	for _, kv := range res.Headers {
-		h[kv.Name] = []string{kv.Value}
+	// One backing array for all the values; each slice is capped at its one value, so an
+	// Add to one header never writes over the next.
+	vals := make([]string, len(res.Headers))
+	for i, kv := range res.Headers {
+		vals[i] = kv.Value
+		h[kv.Name] = vals[i : i+1 : i+1]
 	}
 	if res.Created {
 		h.Set("Location", absoluteURL(r, t.url))
@@ -175,8 +212,9 @@ type statusWriter struct {
 	http.ResponseWriter
 	status     int
 	wrote      bool
-	sent       int64 // body bytes written
-	bodyCharge int64 // request body bytes charged to the node's budget until the request ends
+	sent       int64        // body bytes written
+	bodyCharge int64        // request body bytes charged to the node's budget until the request ends
+	scratch    *scratchBody // a pooled request body, returned when the request ends
 }
 
 func (w *statusWriter) WriteHeader(code int) {
