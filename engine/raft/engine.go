@@ -256,7 +256,8 @@ func (e *Engine) openGroup(id uint64) (*group, error) {
 	if err != nil {
 		return nil, err
 	}
-	logs, err := newSizedLog(rawLogs) // Raft-log pressure (logpressure.go)
+	ji := journalIndexOf(rawLogs, stable) // start-up reads without bodies (startscan.go)
+	logs, err := newSizedLog(rawLogs, ji) // Raft-log pressure (logpressure.go)
 	if err != nil {
 		return nil, err
 	}
@@ -314,7 +315,12 @@ func (e *Engine) openGroup(id uint64) (*group, error) {
 	if has && e.life.mayHaveLost(e.cfg.JournalDamaged) && !e.life.single {
 		g.gated.Store(true)
 	}
-	r, err := raft.NewRaft(rc, g, logs, stable, snaps, trans)
+	scanLogs, err := newStartScanLog(logs, ji, snaps)
+	if err != nil {
+		return nil, err
+	}
+	r, err := raft.NewRaft(rc, g, scanLogs, stable, snaps, trans)
+	scanLogs.disarm()
 	if err != nil {
 		return nil, err
 	}

@@ -41,8 +41,18 @@ type sizedLog struct {
 	sizes []uint32 // sizes of the entries base, base+1, ...
 }
 
-func newSizedLog(s raft.LogStore) (*sizedLog, error) {
+// newSizedLog sizes the entries s holds: from the journal's index when ji is not nil
+// (no I/O), else by reading each one.
+func newSizedLog(s raft.LogStore, ji journalIndex) (*sizedLog, error) {
 	l := &sizedLog{LogStore: s}
+	if ji != nil {
+		first, sizes := ji.EntrySizes()
+		for i := range sizes {
+			sizes[i] += entryOverhead // as entrySize counts
+		}
+		l.base, l.sizes = first, sizes
+		return l, nil
+	}
 	first, err := s.FirstIndex()
 	if err != nil {
 		return nil, err

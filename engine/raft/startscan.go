@@ -1,0 +1,113 @@
+package raftengine
+
+// Start-up without reading the log three times. A restart used to read every entry of
+// every group's log from the journal three times before it was ready: once to size it
+// (logpressure.go), once in raft.NewRaft's scan for configuration entries, and once to
+// replay it through the state machine. With the node journal the first two need no
+// bodies: its in-memory index knows each entry's size, and the scan only looks at
+// entry types, which a 37-byte read of the entry's fixed part gives.
+
+import (
+	"sync"
+
+	"github.com/hashicorp/raft"
+)
+
+// journalIndex is what the node journal's GroupStore (raftlog) offers beyond
+// raft.LogStore: entry sizes from its index, and an entry's fixed part without its body.
+type journalIndex interface {
+	EntrySizes() (first uint64, sizes []uint32)
+	GetLogMeta(index uint64, out *raft.Log) error
+}
+
+// journalIndexOf finds the journal behind a group's stores. The log store may be
+// wrapped (a raft.LogCache hides it); the journal's GroupStore is the stable store too.
+func journalIndexOf(logs raft.LogStore, stable raft.StableStore) journalIndex {
+	if ji, ok := logs.(journalIndex); ok {
+		return ji
+	}
+	ji, _ := stable.(journalIndex)
+	return ji
+}
+
+// startScanLog is the log store raft.NewRaft gets. While armed it answers the calls of
+// NewRaft's own start-up reads with each command entry's fixed part only (Index, Term,
+// Type, AppendedAt; no Data): first GetLog(last), then GetLog(snap+1) ... GetLog(last)
+// in order, where snap is the newest snapshot's index. It disarms after the last of
+// them, at the first call that does not match that sequence (another snapshot was
+// restored, or anything else reads), and when NewRaft returns (disarm). raft starts its
+// goroutines only after that scan, so the state machine never sees a bodiless entry;
+// any call outside the sequence gets the whole entry. Entries of any other type
+// (configurations) are always read whole.
+type startScanLog struct {
+	*sizedLog
+	ji journalIndex
+
+	mu    sync.Mutex
+	armed bool
+	last  uint64 // the log's last index when armed
+	next  uint64 // the next index the scan reads; 0 until GetLog(last) came
+	first uint64 // where the scan starts: snap+1
+}
+
+func newStartScanLog(l *sizedLog, ji journalIndex, snaps raft.SnapshotStore) (*startScanLog, error) {
+	s := &startScanLog{sizedLog: l, ji: ji}
+	if ji == nil {
+		return s, nil
+	}
+	last, err := l.LastIndex()
+	if err != nil || last == 0 {
+		return s, err
+	}
+	var snap uint64
+	if metas, err := snaps.List(); err == nil && len(metas) > 0 {
+		snap = metas[0].Index // the one NewRaft restores, unless it fails to open
+	}
+	s.armed, s.last, s.first = true, last, snap+1
+	return s, nil
+}
+
+// disarm ends the bodiless answers (call it once raft.NewRaft returned).
+func (s *startScanLog) disarm() {
+	s.mu.Lock()
+	s.armed = false
+	s.mu.Unlock()
+}
+
+// metaOnly reports whether GetLog(index) is the next call of NewRaft's scan, and
+// advances the expected sequence.
+func (s *startScanLog) metaOnly(index uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.armed {
+		return false
+	}
+	switch {
+	case s.next == 0 && index == s.last:
+		s.next = s.first
+		if s.next > s.last {
+			s.armed = false // no scan follows
+		}
+		return true
+	case s.next != 0 && index == s.next:
+		s.next++
+		if index == s.last {
+			s.armed = false
+		}
+		return true
+	}
+	s.armed = false
+	return false
+}
+
+func (s *startScanLog) GetLog(index uint64, out *raft.Log) error {
+	if s.metaOnly(index) {
+		if err := s.ji.GetLogMeta(index, out); err != nil {
+			return err
+		}
+		if out.Type == raft.LogCommand {
+			return nil
+		}
+	}
+	return s.sizedLog.GetLog(index, out)
+}

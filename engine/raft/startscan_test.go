@@ -1,0 +1,141 @@
+package raftengine
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/hashicorp/raft"
+)
+
+// scanJournal is an in-memory log store with the journal's bodiless reads; it counts
+// which reads came back without a body.
+type scanJournal struct {
+	*raft.InmemStore
+	meta []uint64
+}
+
+func (j *scanJournal) EntrySizes() (uint64, []uint32) {
+	first, _ := j.FirstIndex()
+	last, _ := j.LastIndex()
+	var sizes []uint32
+	for i := first; i <= last && last > 0; i++ {
+		var e raft.Log
+		j.GetLog(i, &e)
+		sizes = append(sizes, uint32(len(e.Data)+len(e.Extensions)))
+	}
+	return first, sizes
+}
+
+func (j *scanJournal) GetLogMeta(index uint64, out *raft.Log) error {
+	if err := j.GetLog(index, out); err != nil {
+		return err
+	}
+	out.Data, out.Extensions = nil, nil
+	j.meta = append(j.meta, index)
+	return nil
+}
+
+// TestStartScanLog: only NewRaft's own reads (GetLog(last), then snap+1..last in order)
+// come back without a body, and only for command entries; anything else disarms it.
+func TestStartScanLog(t *testing.T) {
+	cases := []struct {
+		name     string
+		snap     uint64 // newest snapshot's index, 0 for none
+		calls    []uint64
+		bodiless []uint64 // calls answered without a body
+	}{
+		{"whole scan", 0, []uint64{6, 1, 2, 3, 4, 5, 6, 3, 6}, []uint64{6, 1, 2, 4, 5, 6}}, // 3 is a configuration
+		{"after a snapshot", 4, []uint64{6, 5, 6, 5}, []uint64{6, 5, 6}},
+		{"snapshot at the end", 6, []uint64{6, 6}, []uint64{6}},
+		{"older snapshot restored", 4, []uint64{6, 1, 2}, []uint64{6}},
+		{"out of order", 0, []uint64{6, 1, 4, 5}, []uint64{6, 1}},
+		{"no last read first", 0, []uint64{1, 6}, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			j := &scanJournal{InmemStore: raft.NewInmemStore()}
+			for i := uint64(1); i <= 6; i++ {
+				e := &raft.Log{Index: i, Term: 1, Type: raft.LogCommand, Data: []byte(fmt.Sprint("body", i))}
+				if i == 3 {
+					e.Type, e.Data = raft.LogConfiguration, []byte("configuration")
+				}
+				j.StoreLog(e)
+			}
+			snaps := raft.NewInmemSnapshotStore()
+			if c.snap > 0 {
+				sink, err := snaps.Create(raft.SnapshotVersionMax, c.snap, 1, raft.Configuration{}, 1, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sink.Close()
+			}
+			sized, err := newSizedLog(j, j)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := newStartScanLog(sized, j, snaps)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var bodiless []uint64
+			for _, i := range c.calls {
+				var e raft.Log
+				if err := s.GetLog(i, &e); err != nil {
+					t.Fatal(err)
+				}
+				if e.Index != i || e.Term != 1 {
+					t.Fatalf("GetLog(%d) = index %d term %d", i, e.Index, e.Term)
+				}
+				if e.Data == nil {
+					bodiless = append(bodiless, i)
+				} else if want := fmt.Sprint("body", i); i != 3 && string(e.Data) != want {
+					t.Fatalf("GetLog(%d) data %q, want %q", i, e.Data, want)
+				}
+			}
+			if fmt.Sprint(bodiless) != fmt.Sprint(c.bodiless) {
+				t.Fatalf("bodiless answers %v, want %v", bodiless, c.bodiless)
+			}
+			s.disarm()
+			var e raft.Log
+			if s.GetLog(c.calls[len(c.calls)-1], &e); e.Data == nil {
+				t.Fatal("a read after disarm came back without a body")
+			}
+		})
+	}
+}
+
+// TestSizedLogFromJournalIndex: sizes taken from the journal's index equal the sizes of
+// reading every entry.
+func TestSizedLogFromJournalIndex(t *testing.T) {
+	j := &scanJournal{InmemStore: raft.NewInmemStore()}
+	for i := uint64(5); i <= 9; i++ {
+		j.StoreLog(&raft.Log{Index: i, Term: 1, Data: make([]byte, i*100), Extensions: make([]byte, i)})
+	}
+	read, err := newSizedLog(j, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	indexed, err := newSizedLog(j, j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if read.base != indexed.base || fmt.Sprint(read.sizes) != fmt.Sprint(indexed.sizes) {
+		t.Fatalf("from the index %d %v, by reading %d %v", indexed.base, indexed.sizes, read.base, read.sizes)
+	}
+}
+
+// TestJournalIndexBehindLogCache: the journal is found behind a raft.LogCache through
+// the stable store, and nothing is found for stores without it.
+func TestJournalIndexBehindLogCache(t *testing.T) {
+	j := &scanJournal{InmemStore: raft.NewInmemStore()}
+	c, err := raft.NewLogCache(4, j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if journalIndexOf(c, j) != j {
+		t.Fatal("journal behind a LogCache not found through the stable store")
+	}
+	if other := raft.NewInmemStore(); journalIndexOf(other, other) != nil {
+		t.Fatal("an in-memory store taken for the journal")
+	}
+}
