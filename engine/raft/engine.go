@@ -135,6 +135,8 @@ type Engine struct {
 	stop chan struct{}
 	wg   sync.WaitGroup
 	once sync.Once
+
+	replayTurn chan struct{} // single voter: one group replays its log at a time (startscan.go)
 }
 
 var (
@@ -192,6 +194,11 @@ func Open(cfg Config) (*Engine, error) {
 		cfg.SweepEvery = 10 * time.Second
 	}
 	e := &Engine{cfg: cfg, byID: map[raft.ServerID]Peer{}, alias: map[string]uint64{}, stop: make(chan struct{})}
+	if single {
+		// A follower's replay must not wait (its leader would time it out): turns only
+		// where no other voter is.
+		e.replayTurn = make(chan struct{}, 1)
+	}
 	if err := e.armTestApplyFault(os.Getenv(EnvTestApplyFault)); err != nil {
 		return nil, err
 	}
@@ -315,7 +322,7 @@ func (e *Engine) openGroup(id uint64) (*group, error) {
 	if has && e.life.mayHaveLost(e.cfg.JournalDamaged) && !e.life.single {
 		g.gated.Store(true)
 	}
-	scanLogs, err := newStartScanLog(logs, ji, snaps)
+	scanLogs, err := newStartScanLog(logs, ji, snaps, e.replayTurn, e.stop)
 	if err != nil {
 		return nil, err
 	}

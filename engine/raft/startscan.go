@@ -9,6 +9,7 @@ package raftengine
 
 import (
 	"sync"
+	"time"
 
 	"github.com/hashicorp/raft"
 )
@@ -48,16 +49,34 @@ type startScanLog struct {
 	last  uint64 // the log's last index when armed
 	next  uint64 // the next index the scan reads; 0 until GetLog(last) came
 	first uint64 // where the scan starts: snap+1
+
+	// The replay turn (single voter only): after NewRaft, raft replays the entries the
+	// log held at open (up to last) through the state machine in batches of up to
+	// MaxAppendEntries, reading far ahead of it. With every group replaying at once that
+	// keeps hundreds of MiB of fresh entry buffers in flight on a node of big entries,
+	// more memory and more CPU than the same reads one group after the other. So a group
+	// takes the node's one turn before reading its first replayed entry and gives it back
+	// after reading the last one. Waiting is bounded (replayTurnWait): a turn never
+	// holds a group back for long, whatever happens to the group holding it.
+	turn     chan struct{}   // nil: no turn taking
+	stop     <-chan struct{} // closed when the engine closes: stop waiting
+	replay   bool            // NewRaft returned: reads up to last are the replay
+	holding  bool
+	finished bool
 }
 
-func newStartScanLog(l *sizedLog, ji journalIndex, snaps raft.SnapshotStore) (*startScanLog, error) {
-	s := &startScanLog{sizedLog: l, ji: ji}
-	if ji == nil {
-		return s, nil
-	}
+// replayTurnWait bounds how long a group waits for the replay turn.
+const replayTurnWait = 30 * time.Second
+
+func newStartScanLog(l *sizedLog, ji journalIndex, snaps raft.SnapshotStore, turn chan struct{}, stop <-chan struct{}) (*startScanLog, error) {
+	s := &startScanLog{sizedLog: l, ji: ji, turn: turn, stop: stop}
 	last, err := l.LastIndex()
 	if err != nil || last == 0 {
 		return s, err
+	}
+	s.last = last
+	if ji == nil {
+		return s, nil
 	}
 	var snap uint64
 	if metas, err := snaps.List(); err == nil && len(metas) > 0 {
@@ -67,11 +86,49 @@ func newStartScanLog(l *sizedLog, ji journalIndex, snaps raft.SnapshotStore) (*s
 	return s, nil
 }
 
-// disarm ends the bodiless answers (call it once raft.NewRaft returned).
+// disarm ends the bodiless answers (call it once raft.NewRaft returned); from then on
+// reads up to the log's last index at open are the replay.
 func (s *startScanLog) disarm() {
 	s.mu.Lock()
 	s.armed = false
+	s.replay = true
 	s.mu.Unlock()
+}
+
+// replayRead is called around every read of the replay: before (done false) it takes
+// the turn if needed, after (done true) it gives the turn back after the last entry.
+func (s *startScanLog) replayRead(index uint64, done bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.turn == nil || !s.replay || s.finished || index > s.last {
+		return
+	}
+	switch {
+	case !done && !s.holding:
+		s.mu.Unlock()
+		var took bool
+		select {
+		case s.turn <- struct{}{}:
+			took = true
+		case <-time.After(replayTurnWait):
+		case <-s.stop:
+		}
+		s.mu.Lock()
+		s.holding = took
+		s.finished = !took
+	case done && index == s.last:
+		s.release()
+	}
+}
+
+// release gives the turn back (called with mu held) and ends turn taking. A group that
+// closes while holding it needs no release: Close closes stop, which ends every wait.
+func (s *startScanLog) release() {
+	if s.holding {
+		<-s.turn
+		s.holding = false
+	}
+	s.finished = true
 }
 
 // metaOnly reports whether GetLog(index) is the next call of NewRaft's scan, and
@@ -108,6 +165,10 @@ func (s *startScanLog) GetLog(index uint64, out *raft.Log) error {
 		if out.Type == raft.LogCommand {
 			return nil
 		}
+		return s.sizedLog.GetLog(index, out)
 	}
-	return s.sizedLog.GetLog(index, out)
+	s.replayRead(index, false)
+	err := s.sizedLog.GetLog(index, out)
+	s.replayRead(index, true)
+	return err
 }

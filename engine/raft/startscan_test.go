@@ -73,7 +73,7 @@ func TestStartScanLog(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s, err := newStartScanLog(sized, j, snaps)
+			s, err := newStartScanLog(sized, j, snaps, nil, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -137,5 +137,61 @@ func TestJournalIndexBehindLogCache(t *testing.T) {
 	}
 	if other := raft.NewInmemStore(); journalIndexOf(other, other) != nil {
 		t.Fatal("an in-memory store taken for the journal")
+	}
+}
+
+// TestReplayTurn: after NewRaft, a group takes the node's replay turn at its first
+// replayed read and gives it back after reading the log's last entry at open; a group
+// waiting for it gives up when the engine stops.
+func TestReplayTurn(t *testing.T) {
+	turn := make(chan struct{}, 1)
+	stop := make(chan struct{})
+	open := func(stop <-chan struct{}) *startScanLog {
+		t.Helper()
+		j := &scanJournal{InmemStore: raft.NewInmemStore()}
+		for i := uint64(1); i <= 6; i++ {
+			j.StoreLog(&raft.Log{Index: i, Term: 1, Data: []byte("x")})
+		}
+		sized, err := newSizedLog(j, j)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := newStartScanLog(sized, j, raft.NewInmemSnapshotStore(), turn, stop)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.disarm() // NewRaft returned
+		return s
+	}
+	read := func(s *startScanLog, i uint64) {
+		t.Helper()
+		var e raft.Log
+		if err := s.GetLog(i, &e); err != nil || e.Data == nil {
+			t.Fatalf("GetLog(%d) = %v, data %q", i, err, e.Data)
+		}
+	}
+	a, b := open(stop), open(stop)
+	read(a, 1)
+	if len(turn) != 1 || !a.holding {
+		t.Fatal("the first replayed read did not take the turn")
+	}
+	read(a, 5)
+	read(a, 6)
+	if len(turn) != 0 || a.holding {
+		t.Fatal("reading the last entry did not give the turn back")
+	}
+	read(a, 2) // after its replay: no turn taken again
+	if len(turn) != 0 {
+		t.Fatal("a read after the replay took the turn")
+	}
+	read(b, 3)
+	if !b.holding {
+		t.Fatal("b did not take the free turn")
+	}
+	c := open(stop)
+	close(stop)
+	read(c, 1) // waits for the turn only until the engine stops
+	if c.holding || !c.finished {
+		t.Fatal("c holds the turn b holds")
 	}
 }
