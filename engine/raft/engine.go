@@ -326,7 +326,11 @@ func (e *Engine) openGroup(id uint64) (*group, error) {
 	if err != nil {
 		return nil, err
 	}
+	if metas, err := snaps.List(); err == nil && len(metas) > 0 {
+		g.restoreHint.Store(metas[0].Size) // the snapshot NewRaft restores, unless it fails to open
+	}
 	r, err := raft.NewRaft(rc, g, scanLogs, stable, snaps, trans)
+	g.restoreHint.Store(0)
 	scanLogs.disarm()
 	if err != nil {
 		return nil, err

@@ -8,6 +8,7 @@ package raftengine
 // entry types, which a 37-byte read of the entry's fixed part gives.
 
 import (
+	"io"
 	"sync"
 	"time"
 
@@ -171,4 +172,31 @@ func (s *startScanLog) GetLog(index uint64, out *raft.Log) error {
 	err := s.sizedLog.GetLog(index, out)
 	s.replayRead(index, true)
 	return err
+}
+
+// readSnapshot reads a whole snapshot: in one allocation when its size is known (hint,
+// from the snapshot's metadata; 0 when unknown), else growing by doubling. io.ReadAll
+// grows a large buffer by about a quarter at a time, so a snapshot of some hundred MiB
+// was copied and cleared several times over before it was decoded.
+func readSnapshot(r io.Reader, hint int64) ([]byte, error) {
+	n := 1 << 20
+	if hint > 0 && hint < 1<<40 {
+		n = int(hint) + 1 // one spare byte: the EOF comes without growing
+	}
+	b := make([]byte, 0, n)
+	for {
+		if len(b) == cap(b) {
+			nb := make([]byte, len(b), 2*cap(b))
+			copy(nb, b)
+			b = nb
+		}
+		m, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+m]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
 }

@@ -1,8 +1,11 @@
 package raftengine
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"testing"
+	"testing/iotest"
 
 	"github.com/hashicorp/raft"
 )
@@ -193,5 +196,24 @@ func TestReplayTurn(t *testing.T) {
 	read(c, 1) // waits for the turn only until the engine stops
 	if c.holding || !c.finished {
 		t.Fatal("c holds the turn b holds")
+	}
+}
+
+// TestReadSnapshot: the whole snapshot comes back whatever the hint (exact, short, long,
+// none), and a read error is returned.
+func TestReadSnapshot(t *testing.T) {
+	data := make([]byte, 3<<20+17)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	for _, hint := range []int64{0, int64(len(data)), 100, int64(len(data)) * 3, -1} {
+		got, err := readSnapshot(iotest.HalfReader(bytes.NewReader(data)), hint)
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("hint %d: %d bytes, err %v", hint, len(got), err)
+		}
+	}
+	boom := errors.New("boom")
+	if _, err := readSnapshot(iotest.ErrReader(boom), 10); !errors.Is(err, boom) {
+		t.Fatalf("read error: %v", err)
 	}
 }
