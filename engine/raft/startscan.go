@@ -62,6 +62,7 @@ type startScanLog struct {
 	turn     chan struct{}   // nil: no turn taking
 	stop     <-chan struct{} // closed when the engine closes: stop waiting
 	replay   bool            // NewRaft returned: reads up to last are the replay
+	waiting  bool
 	holding  bool
 	finished bool
 }
@@ -105,7 +106,10 @@ func (s *startScanLog) replayRead(index uint64, done bool) {
 		return
 	}
 	switch {
-	case !done && !s.holding:
+	case !done && !s.holding && !s.waiting:
+		// One reader waits; another one of the same group meanwhile (raft reads from
+		// more than one goroutine once there are followers) just reads.
+		s.waiting = true
 		s.mu.Unlock()
 		var took bool
 		select {
@@ -115,8 +119,15 @@ func (s *startScanLog) replayRead(index uint64, done bool) {
 		case <-s.stop:
 		}
 		s.mu.Lock()
-		s.holding = took
-		s.finished = !took
+		s.waiting = false
+		switch {
+		case took && s.finished:
+			<-s.turn // the replay ended while this reader waited
+		case took:
+			s.holding = true
+		default:
+			s.finished = true
+		}
 	case done && index == s.last:
 		s.release()
 	}

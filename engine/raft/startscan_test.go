@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"testing"
 	"testing/iotest"
+	"time"
 
 	"github.com/hashicorp/raft"
 )
@@ -191,11 +192,45 @@ func TestReplayTurn(t *testing.T) {
 	if !b.holding {
 		t.Fatal("b did not take the free turn")
 	}
+	// d waits for b's turn; a second reader of d meanwhile does not wait.
+	d := open(stop)
+	took := make(chan error, 1)
+	go func() {
+		var e raft.Log
+		took <- d.GetLog(1, &e)
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		d.mu.Lock()
+		waiting := d.waiting
+		d.mu.Unlock()
+		if waiting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("d never waited for the turn")
+		}
+	}
+	read(d, 2)
+	read(b, 6) // b's last entry: the turn passes to d
+	select {
+	case err := <-took:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("d did not get the turn b gave back")
+	}
+	d.mu.Lock()
+	holding := d.holding
+	d.mu.Unlock()
+	if !holding {
+		t.Fatal("d read without the turn it waited for")
+	}
 	c := open(stop)
 	close(stop)
 	read(c, 1) // waits for the turn only until the engine stops
 	if c.holding || !c.finished {
-		t.Fatal("c holds the turn b holds")
+		t.Fatal("c holds the turn d holds")
 	}
 }
 
