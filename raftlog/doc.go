@@ -27,7 +27,10 @@
 // offset, length) indexed by raft index; GetLog preads the entry. Entries are
 // not cached; wrap a GroupStore in raft.NewLogCache for that. GetLog checks
 // the entry's index but not the record checksum (verified at Open), so a
-// bit flip on disk after Open is only caught by the next Open. Limits: one
+// bit flip on disk after Open is only caught by the next Open. GetLogMeta
+// reads only an entry's fixed part (index, term, type, time; no body) and
+// EntrySizes gives every live entry's size from the index without I/O, so a
+// restart need not read every body before the state machine replays it. Limits: one
 // entry up to 256 MiB, SegmentBytes 4 KiB..1 GiB, segment ids below 2^32.
 //
 // Close drains the queue, appends a shutdown record and fsyncs, so after a

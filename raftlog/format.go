@@ -271,19 +271,11 @@ func decodeEntry(b []byte, out *raft.Log) error {
 	if len(b) < entryHeaderSize {
 		return fmt.Errorf("%w: entry too short", errCorrupt)
 	}
-	dlen := binary.LittleEndian.Uint32(b[29:33])
-	elen := binary.LittleEndian.Uint32(b[33:37])
-	dl, el := int(dlen&^nilLen), int(elen&^nilLen)
-	if len(b) != entryHeaderSize+dl+el {
-		return fmt.Errorf("%w: entry length mismatch", errCorrupt)
+	dlen, elen, err := decodeEntryHead(b, len(b), out)
+	if err != nil {
+		return err
 	}
-	out.Index = binary.LittleEndian.Uint64(b[0:8])
-	out.Term = binary.LittleEndian.Uint64(b[8:16])
-	out.Type = raft.LogType(b[16])
-	sec := int64(binary.LittleEndian.Uint64(b[17:25]))
-	nsec := int64(binary.LittleEndian.Uint32(b[25:29]))
-	// UTC() leaves a nil location, so a zero AppendedAt comes back as time.Time{}.
-	out.AppendedAt = time.Unix(sec, nsec).UTC()
+	dl := int(dlen &^ nilLen)
 	out.Data, out.Extensions = nil, nil
 	if dlen != nilLen {
 		out.Data = b[entryHeaderSize : entryHeaderSize+dl : entryHeaderSize+dl]
@@ -292,6 +284,37 @@ func decodeEntry(b []byte, out *raft.Log) error {
 		out.Extensions = b[entryHeaderSize+dl:]
 	}
 	return nil
+}
+
+// decodeEntryMeta decodes the fixed part of an entry whose stored length is n
+// (b holds at least its first entryHeaderSize bytes); Data and Extensions
+// come back nil.
+func decodeEntryMeta(b []byte, n int, out *raft.Log) error {
+	if len(b) < entryHeaderSize {
+		return fmt.Errorf("%w: entry too short", errCorrupt)
+	}
+	_, _, err := decodeEntryHead(b, n, out)
+	out.Data, out.Extensions = nil, nil
+	return err
+}
+
+// decodeEntryHead decodes the fixed fields of an entry whose stored length is
+// n and checks that the data and extension lengths add up to n.
+func decodeEntryHead(b []byte, n int, out *raft.Log) (dlen, elen uint32, err error) {
+	dlen = binary.LittleEndian.Uint32(b[29:33])
+	elen = binary.LittleEndian.Uint32(b[33:37])
+	dl, el := int(dlen&^nilLen), int(elen&^nilLen)
+	if n != entryHeaderSize+dl+el {
+		return 0, 0, fmt.Errorf("%w: entry length mismatch", errCorrupt)
+	}
+	out.Index = binary.LittleEndian.Uint64(b[0:8])
+	out.Term = binary.LittleEndian.Uint64(b[8:16])
+	out.Type = raft.LogType(b[16])
+	sec := int64(binary.LittleEndian.Uint64(b[17:25]))
+	nsec := int64(binary.LittleEndian.Uint32(b[25:29]))
+	// UTC() leaves a nil location, so a zero AppendedAt comes back as time.Time{}.
+	out.AppendedAt = time.Unix(sec, nsec).UTC()
+	return dlen, elen, nil
 }
 
 // walkStable walks a stable payload: count u32, then count times

@@ -91,7 +91,37 @@ func (s *GroupStore) LastIndex() (uint64, error) {
 // GetLog reads entry index from its segment (pread; the page cache keeps
 // recent entries hot). Wrap the store in raft.NewLogCache for a memory cache.
 func (s *GroupStore) GetLog(index uint64, out *raft.Log) error {
+	return s.readEntry(index, out, false)
+}
+
+// GetLogMeta reads only the fixed part of entry index: Index, Term, Type and
+// AppendedAt, with Data and Extensions nil (a 37-byte pread instead of the
+// whole body). It is for scans that look at entry types, such as raft's
+// start-up scan for configuration entries, which would otherwise read every
+// body of the log once more before the state machine replays it.
+func (s *GroupStore) GetLogMeta(index uint64, out *raft.Log) error {
+	return s.readEntry(index, out, true)
+}
+
+// EntrySizes returns the first live index and, for each live entry from it
+// on, the length of its data plus its extensions, from the in-memory index
+// (no I/O), so an engine can size its log at start-up without reading it.
+func (s *GroupStore) EntrySizes() (first uint64, sizes []uint32) {
+	s.g.mu.RLock()
+	defer s.g.mu.RUnlock()
+	if len(s.g.locs) == 0 {
+		return 0, nil
+	}
+	sizes = make([]uint32, len(s.g.locs))
+	for i, lc := range s.g.locs {
+		sizes[i] = lc.n - entryHeaderSize
+	}
+	return s.g.first, sizes
+}
+
+func (s *GroupStore) readEntry(index uint64, out *raft.Log, meta bool) error {
 	g, l := s.g, s.l
+	var head [entryHeaderSize]byte
 	for attempt := 0; ; attempt++ {
 		g.mu.RLock()
 		if len(g.locs) == 0 || index < g.first || index > g.last() {
@@ -101,7 +131,12 @@ func (s *GroupStore) GetLog(index uint64, out *raft.Log) error {
 		lc := g.locs[index-g.first]
 		g.mu.RUnlock()
 
-		buf := make([]byte, lc.n)
+		var buf []byte
+		if meta {
+			buf = head[:]
+		} else {
+			buf = make([]byte, lc.n)
+		}
 		l.segMu.RLock()
 		if l.segs == nil {
 			l.segMu.RUnlock()
@@ -124,7 +159,12 @@ func (s *GroupStore) GetLog(index uint64, out *raft.Log) error {
 		if err != nil {
 			return fmt.Errorf("raftlog: read group %d index %d: %w", g.id, index, err)
 		}
-		if err := decodeEntry(buf, out); err != nil {
+		if meta {
+			err = decodeEntryMeta(buf, int(lc.n), out)
+		} else {
+			err = decodeEntry(buf, out)
+		}
+		if err != nil {
 			return fmt.Errorf("raftlog: group %d index %d: %w", g.id, index, err)
 		}
 		if out.Index != index {

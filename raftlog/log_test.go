@@ -618,3 +618,61 @@ func TestLargeBatchesAndEntries(t *testing.T) {
 	defer l.Close()
 	check(l.Group(1))
 }
+
+// TestGetLogMetaAndEntrySizes: the bodiless reads agree with GetLog, live and after a
+// restart, and EntrySizes follows the live range (truncations, prefix deletes).
+func TestGetLogMetaAndEntrySizes(t *testing.T) {
+	dir := t.TempDir()
+	check := func(s *GroupStore, first, last uint64, termOf func(uint64) uint64) {
+		t.Helper()
+		gotFirst, sizes := s.EntrySizes()
+		if last == 0 {
+			if gotFirst != 0 || len(sizes) != 0 {
+				t.Fatalf("empty log: EntrySizes = %d, %v", gotFirst, sizes)
+			}
+			return
+		}
+		if gotFirst != first || uint64(len(sizes)) != last-first+1 {
+			t.Fatalf("EntrySizes: first %d, %d sizes; want %d, %d", gotFirst, len(sizes), first, last-first+1)
+		}
+		for i := first; i <= last; i++ {
+			want := entry(s.ID(), i, termOf(i))
+			if n := sizes[i-first]; n != uint32(len(want.Data)+len(want.Extensions)) {
+				t.Fatalf("index %d: size %d, want %d", i, n, len(want.Data)+len(want.Extensions))
+			}
+			var got raft.Log
+			if err := s.GetLogMeta(i, &got); err != nil {
+				t.Fatalf("GetLogMeta(%d): %v", i, err)
+			}
+			w := *want
+			w.Data, w.Extensions = nil, nil
+			if !reflect.DeepEqual(got, w) {
+				t.Fatalf("GetLogMeta(%d):\n got %+v\nwant %+v", i, got, w)
+			}
+		}
+		var got raft.Log
+		for _, i := range []uint64{first - 1, last + 1} {
+			if err := s.GetLogMeta(i, &got); !errors.Is(err, raft.ErrLogNotFound) {
+				t.Fatalf("GetLogMeta(%d) = %v, want ErrLogNotFound", i, err)
+			}
+		}
+	}
+	l := openT(t, dir, Options{})
+	s := l.Group(3)
+	one := func(uint64) uint64 { return 1 }
+	check(s, 0, 0, one)
+	storeRange(t, s, 1, 40, 1, 7)
+	check(s, 1, 40, one)
+	if err := s.DeleteRange(1, 9); err != nil {
+		t.Fatal(err)
+	}
+	storeRange(t, s, 31, 50, 2, 5)                         // replaces 31..40
+	rewritten := func(i uint64) uint64 { return 1 + i/31 } // 31.. written again with term 2
+	check(s, 10, 50, rewritten)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l = openT(t, dir, Options{})
+	defer l.Close()
+	check(l.Group(3), 10, 50, rewritten)
+}

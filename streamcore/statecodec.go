@@ -200,6 +200,9 @@ func CommandSizeHint(c *Command) int {
 	}
 	if c.BodyFault != nil {
 		n += len(c.BodyFault.Code) + len(c.BodyFault.Message)
+		for k, v := range c.BodyFault.Headers {
+			n += 2*binary.MaxVarintLen64 + len(k) + len(v)
+		}
 	}
 	return n
 }

@@ -139,6 +139,8 @@ type Engine struct {
 	stop chan struct{}
 	wg   sync.WaitGroup
 	once sync.Once
+
+	replayTurn chan struct{} // single voter: one group replays its log at a time (startscan.go)
 }
 
 var (
@@ -199,6 +201,11 @@ func Open(cfg Config) (*Engine, error) {
 		cfg.SweepEvery = 10 * time.Second
 	}
 	e := &Engine{cfg: cfg, byID: map[raft.ServerID]Peer{}, alias: map[string]uint64{}, stop: make(chan struct{})}
+	if single {
+		// A follower's replay must not wait (its leader would time it out): turns only
+		// where no other voter is.
+		e.replayTurn = make(chan struct{}, 1)
+	}
 	if err := e.armTestApplyFault(os.Getenv(EnvTestApplyFault)); err != nil {
 		return nil, err
 	}
@@ -263,7 +270,8 @@ func (e *Engine) openGroup(id uint64) (*group, error) {
 	if err != nil {
 		return nil, err
 	}
-	logs, err := newSizedLog(rawLogs) // Raft-log pressure (logpressure.go)
+	ji := journalIndexOf(rawLogs, stable) // start-up reads without bodies (startscan.go)
+	logs, err := newSizedLog(rawLogs, ji) // Raft-log pressure (logpressure.go)
 	if err != nil {
 		return nil, err
 	}
@@ -321,7 +329,16 @@ func (e *Engine) openGroup(id uint64) (*group, error) {
 	if has && e.life.mayHaveLost(e.cfg.JournalDamaged) && !e.life.single {
 		g.gated.Store(true)
 	}
-	r, err := raft.NewRaft(rc, g, logs, stable, snaps, trans)
+	scanLogs, err := newStartScanLog(logs, ji, snaps, e.replayTurn, e.stop)
+	if err != nil {
+		return nil, err
+	}
+	if metas, err := snaps.List(); err == nil && len(metas) > 0 {
+		g.restoreHint.Store(metas[0].Size) // the snapshot NewRaft restores, unless it fails to open
+	}
+	r, err := raft.NewRaft(rc, g, scanLogs, stable, snaps, trans)
+	g.restoreHint.Store(0)
+	scanLogs.disarm()
 	if err != nil {
 		return nil, err
 	}
@@ -408,6 +425,13 @@ func (e *Engine) leaderErr(g *group, proposed bool) error {
 	return nl
 }
 
+// proposalCap is room for an entry holding c: the entry kind, c's body and strings, and
+// a bound on its fixed fields, so AppendCommand never grows the slice (for a 1 MiB body
+// that growth was a second allocation, clearing and copy of the body per append).
+func proposalCap(c *streamcore.Command) int {
+	return 1 + streamcore.CommandSizeHint(c)
+}
+
 // Propose implements engine.Engine.
 func (e *Engine) Propose(ctx context.Context, c *streamcore.Command) (streamcore.Result, error) {
 	g := e.route(c)
@@ -417,7 +441,7 @@ func (e *Engine) Propose(ctx context.Context, c *streamcore.Command) (streamcore
 	if g.r.State() != raft.Leader {
 		return streamcore.Result{}, e.leaderErr(g, false)
 	}
-	data := make([]byte, 1, 1+streamcore.CommandSizeHint(c)) // one allocation, never grown
+	data := make([]byte, 1, proposalCap(c))
 	data[0] = entryCommand
 	data = streamcore.AppendCommand(data, c)
 	if !e.cfg.BatchProposals {

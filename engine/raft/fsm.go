@@ -55,6 +55,8 @@ type group struct {
 	// with the current hot bytes, the estimate of the next snapshot's size (diskwatch.go).
 	snapMeta atomic.Int64
 
+	restoreHint atomic.Int64 // size of the snapshot NewRaft restores at start (startscan.go)
+
 	hadState         bool        // the replica held Raft state when the node started
 	gated            atomic.Bool // recovery gate closed: no votes, no campaigns, no transfers to it
 	gateRefusedVotes atomic.Uint64
@@ -240,7 +242,7 @@ func (g *group) Restore(rc io.ReadCloser) error {
 
 // restoreFrom replaces the state with a snapshot's. Called with applyMu held.
 func (g *group) restoreFrom(rc io.Reader) error {
-	b, err := io.ReadAll(rc)
+	b, err := readSnapshot(rc, g.restoreHint.Swap(0))
 	if err != nil {
 		return err
 	}

@@ -42,8 +42,19 @@ type sizedLog struct {
 	total int64    // sum of sizes
 }
 
-func newSizedLog(s raft.LogStore) (*sizedLog, error) {
+// newSizedLog sizes the entries s holds: from the journal's index when ji is not nil
+// (no I/O), else by reading each one.
+func newSizedLog(s raft.LogStore, ji journalIndex) (*sizedLog, error) {
 	l := &sizedLog{LogStore: s}
+	if ji != nil {
+		first, sizes := ji.EntrySizes()
+		for i := range sizes {
+			sizes[i] += entryOverhead // as entrySize counts
+			l.total += int64(sizes[i])
+		}
+		l.base, l.sizes = first, sizes
+		return l, nil
+	}
 	first, err := s.FirstIndex()
 	if err != nil {
 		return nil, err

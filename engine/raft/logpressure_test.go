@@ -31,7 +31,7 @@ func TestSizedLogTotals(t *testing.T) {
 		{"delete everything", func(l *sizedLog) error { return l.DeleteRange(1, 5) }, 0},
 		{"a restore starts past the end", func(l *sizedLog) error { return l.StoreLog(entry(100, 3)) }, size(3)},
 	}
-	l, err := newSizedLog(raft.NewInmemStore())
+	l, err := newSizedLog(raft.NewInmemStore(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
