@@ -52,6 +52,7 @@ type Server struct {
 	flushes   flushLimiter
 	admit     Admission // nil: writes are never refused for node pressure
 	usage     usageMeter
+	sse       sseHub // SSE subscriptions parked without a goroutine (sse.go)
 }
 
 // New returns a server over eng.
