@@ -265,23 +265,14 @@ func (c *sseSub) writeConst(frame string) error { return c.write(append(c.frame(
 // stay full that long.
 func (c *sseSub) write(b []byte) error {
 	c.keepAliveAt = time.Now().Add(c.s.cfg.Limits.SSEKeepAlive)
-	var err error
 	if c.conn == nil {
-		err = c.s.sseWrite(c.rc, c.w, b[chunkHead:])
-	} else {
-		n := len(b) - chunkHead
-		const hexDigits = "0123456789abcdef"
-		for i := 7; i >= 0; i-- {
-			b[i] = hexDigits[n&15]
-			n >>= 4
-		}
-		b = append(b, '\r', '\n')
-		c.conn.SetWriteDeadline(time.Now().Add(c.s.cfg.Limits.LiveWriteTimeout))
-		_, err = c.conn.Write(b)
+		err := c.s.sseWrite(c.rc, c.w, b[chunkHead:])
+		c.buf = b[:0] // the (grown) buffer serves the next frame
+		return err
 	}
-	c.buf = b[:0] // the (grown) buffer serves the next frame
-	c.failed = c.failed || err != nil
-	return err
+	b = chunkFrame(b)
+	c.buf = b[:0]
+	return c.writeChunk(b)
 }
 
 // nextWake is the earliest time the subscription has something to do without a change of
@@ -395,17 +386,121 @@ func (h *sseHub) waitOn(w *sseWait) {
 	subs := w.subs
 	w.subs = nil
 	h.mu.Unlock()
+	wakeTogether(subs)
+}
+
+// sseShare identifies the subscriptions of one stream that get the same next frame: the
+// same position and reading parameters, and no cursor of their own (the control event's
+// cursor is then the same for all).
+type sseShare struct {
+	off, maxBytes, inc uint64
+	b64, compat        bool
+}
+
+// wakeTogether resumes the subscriptions parked on one watch channel. Those that would
+// read the same bytes get one frame, read and encoded once, and each only writes it: the
+// fan-out of an append to many readers costs one read of the stream, not one per reader.
+func wakeTogether(subs map[*sseSub]struct{}) {
+	groups := map[sseShare][]*sseSub{}
+	now := time.Now()
 	for c := range subs {
-		c.resume()
+		if c.rq.cursor != "" || !c.sentInit || c.off.Now || !c.expiresAt.IsZero() && !now.Before(c.expiresAt) ||
+			!c.idleAt.IsZero() && !now.Before(c.idleAt) {
+			c.resume()
+			continue
+		}
+		k := sseShare{off: c.off.Pos, maxBytes: c.maxBytes, inc: c.firstInc, b64: c.b64, compat: c.t.compat}
+		groups[k] = append(groups[k], c)
 	}
+	for _, g := range groups {
+		if len(g) == 1 {
+			g[0].resume()
+			continue
+		}
+		deliverShared(g)
+	}
+}
+
+// deliverShared reads and encodes the next frame of g (subscriptions with one sseShare)
+// once, then each writes it in a goroutine of its own and parks again. Anything but plain
+// data (an error, a closed stream, nothing new) takes the full path of each.
+func deliverShared(g []*sseSub) {
+	c0 := g[0]
+	s := c0.s
+	ch := s.engine.Watch(c0.t.key)
+	v, e := s.lookShort(c0.t, c0.off, c0.maxBytes, 0)
+	if e == nil && !c0.b64 && !v.jsonArray {
+		trimText(v, c0.json)
+	}
+	if e != nil || v.inc != c0.firstInc || v.closed || v.end <= v.start {
+		s.done(v)
+		for _, c := range g {
+			c.resume()
+		}
+		return
+	}
+	payload := flatten(v.data)
+	if v.jsonArray {
+		payload = jsonArrayOf(v.data)
+	}
+	frame := streamcore.AppendSSEData(append(make([]byte, 0, chunkHead+len(payload)+256), "00000000\r\n"...), payload, c0.b64)
+	frame = streamcore.AppendSSEControl(frame, s.control(v, c0.rq))
+	frame = chunkFrame(frame)
+	runtime.KeepAlive(v)
+	s.done(v)
+	end, n := v.end, v.end-v.start
+	for _, c := range g {
+		if !c.claim() {
+			continue
+		}
+		go func() {
+			defer c.recoverPanic()
+			if c.writeChunk(frame) != nil {
+				c.finish()
+				return
+			}
+			s.metrics.readBytes.Add(n)
+			c.off = streamcore.ReadOffset{Pos: end}
+			c.park(ch)
+		}()
+	}
+}
+
+// chunkFrame fills in the chunk-size line in front of b (built on frame()) and ends the
+// chunk: b is then one chunk of the answer, ready to write as it is.
+func chunkFrame(b []byte) []byte {
+	n := len(b) - chunkHead
+	const hexDigits = "0123456789abcdef"
+	for i := 7; i >= 0; i-- {
+		b[i] = hexDigits[n&15]
+		n >>= 4
+	}
+	return append(b, '\r', '\n')
+}
+
+// writeChunk writes one whole chunk to the connection within LiveWriteTimeout.
+func (c *sseSub) writeChunk(b []byte) error {
+	c.keepAliveAt = time.Now().Add(c.s.cfg.Limits.SSEKeepAlive)
+	c.conn.SetWriteDeadline(time.Now().Add(c.s.cfg.Limits.LiveWriteTimeout))
+	_, err := c.conn.Write(b)
+	c.failed = c.failed || err != nil
+	return err
 }
 
 // resume runs a parked subscription again in a goroutine of its own: its stream changed,
 // its timer fired, or the server shuts down. Whoever comes first wins; the others find it
 // running already.
 func (c *sseSub) resume() {
+	if c.claim() {
+		go c.run()
+	}
+}
+
+// claim takes a parked subscription out of its wait for the caller to run it; false when
+// it is not parked, or the server shuts down (it is then ended here).
+func (c *sseSub) claim() bool {
 	if !c.state.CompareAndSwap(sseParked, sseRunning) {
-		return
+		return false
 	}
 	h := &c.s.sse
 	h.mu.Lock()
@@ -424,20 +519,24 @@ func (c *sseSub) resume() {
 	c.timer.Stop()
 	if closing {
 		c.finish()
-		return
+		return false
 	}
-	go c.run()
+	return true
+}
+
+// recoverPanic ends the subscription on a panic of its goroutine (net/http recovers the
+// panics of handlers; a subscription's own goroutine must too).
+func (c *sseSub) recoverPanic() {
+	if v := recover(); v != nil {
+		c.s.cfg.Logger.Error("sse subscription panic", "stream", c.t.key, "err", v)
+		c.failed = true
+		c.finish()
+	}
 }
 
 // run is the goroutine of a resumed subscription: deliver, then park again or end.
 func (c *sseSub) run() {
-	defer func() {
-		if v := recover(); v != nil {
-			c.s.cfg.Logger.Error("sse subscription panic", "stream", c.t.key, "err", v)
-			c.failed = true
-			c.finish()
-		}
-	}()
+	defer c.recoverPanic()
 	ch, ok := c.step()
 	if !ok {
 		c.finish()
