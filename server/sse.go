@@ -12,16 +12,19 @@ package server
 // resumes every subscription parked on it, each in a goroutine of its own for the
 // delivery, which parks again once done. The subscription writes the chunked framing of
 // its response itself from then on (the head, with Transfer-Encoding: chunked, was sent
-// by net/http). A reader that went away shows up as a failed write: a delivery or the
-// keep-alive comment (sse_keepalive) at the latest. HTTP/2 (TLS with h2) cannot hand a
+// by net/http). A reader that went away is found by a sweep every sseSweepInterval (a
+// non-blocking read of each parked connection, about a microsecond each; on Unix), or by
+// a failed write (a delivery or the keep-alive comment, sse_keepalive). HTTP/2 (TLS with h2) cannot hand a
 // connection over: there the handler waits, as every subscription did before.
 
 import (
+	"crypto/tls"
 	"net"
 	"net/http"
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/ursula-go/ursula/auth"
@@ -71,11 +74,12 @@ type sseSub struct {
 
 // sseHub holds the parked subscriptions of a server.
 type sseHub struct {
-	mu      sync.Mutex
-	waits   map[<-chan struct{}]*sseWait // parked subscriptions by the watch channel they wait on
-	subs    map[*sseSub]struct{}         // every subscription that owns its connection
-	closing bool                         // the http.Server shuts down: no more parking
-	hooked  sync.Map                     // *http.Server -> true once its shutdown hook is set
+	mu       sync.Mutex
+	waits    map[<-chan struct{}]*sseWait // parked subscriptions by the watch channel they wait on
+	subs     map[*sseSub]struct{}         // every subscription that owns its connection
+	closing  bool                         // the http.Server shuts down: no more parking
+	sweeping bool                         // the sweep of gone readers runs
+	hooked   sync.Map                     // *http.Server -> true once its shutdown hook is set
 }
 
 // sseWait is the set of subscriptions parked on one watch channel; one goroutine waits
@@ -302,7 +306,67 @@ func (h *sseHub) adopt(c *sseSub, r *http.Request) {
 		h.waits = map[<-chan struct{}]*sseWait{}
 	}
 	h.subs[c] = struct{}{}
+	if !h.sweeping {
+		h.sweeping = true
+		go h.sweep()
+	}
 	h.mu.Unlock()
+}
+
+// sseSweepInterval is how often the parked connections are looked at for clients that
+// went away (net/http noticed that at once with a reading goroutine per connection; this
+// costs one non-blocking read per parked reader and interval instead).
+const sseSweepInterval = time.Second
+
+// sweep ends the parked subscriptions whose client closed the connection, every
+// sseSweepInterval while there are subscriptions that own their connection.
+func (h *sseHub) sweep() {
+	tick := time.NewTicker(sseSweepInterval)
+	defer tick.Stop()
+	var parked []*sseSub
+	for range tick.C {
+		h.mu.Lock()
+		if len(h.subs) == 0 || h.closing {
+			h.sweeping = false
+			h.mu.Unlock()
+			return
+		}
+		parked = parked[:0]
+		for c := range h.subs {
+			if c.state.Load() == sseParked {
+				parked = append(parked, c)
+			}
+		}
+		h.mu.Unlock()
+		for i, c := range parked {
+			if peerGone(c.conn) && c.claim() {
+				c.failed = true
+				c.finish()
+			}
+			parked[i] = nil
+		}
+	}
+}
+
+// socketOf finds the socket under the connection wrappers of this package and TLS.
+func socketOf(c net.Conn) syscall.Conn {
+	for range 8 {
+		switch x := c.(type) {
+		case *limitedConn:
+			c = x.Conn
+		case *refusalConn:
+			c = x.Conn
+		case *refusalTLSConn:
+			c = x.tc
+		case *tls.Conn:
+			c = x.NetConn()
+		case syscall.Conn:
+			return x
+		default:
+			return nil
+		}
+	}
+	return nil
 }
 
 // shutdown ends every subscription that owns its connection: parked ones at once, running

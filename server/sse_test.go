@@ -213,3 +213,19 @@ func TestSSEHTTP10WaitsInHandler(t *testing.T) {
 		t.Fatalf("live event %+v %v", ev, err)
 	}
 }
+
+// A parked reader whose client closed the connection is found by the sweep, long before
+// the keep-alive write (15 s by default, and the first write after the close succeeds).
+func TestSSEGoneReaderFoundBySweep(t *testing.T) {
+	eng := engine.NewMemory(0)
+	srv := New(eng, Config{ClusterID: "c", Limits: Limits{SSEKeepAlive: time.Hour}})
+	ts := httptest.NewServer(srv)
+	t.Cleanup(func() { ts.Close(); eng.Close() })
+	s := ts.URL + "/bkt1/gone"
+	expect(t, do(t, "PUT", s, "x", "Content-Type", "text/plain"), 201, "")
+	c := subscribe(t, s+"?offset=-1&live=sse")
+	c.nextData(t)
+	waitFor(t, "parked", func() bool { p, _ := parkedCount(srv); return p == 1 })
+	c.res.Body.Close()
+	waitFor(t, "the gone reader's slot freed", func() bool { _, o := parkedCount(srv); return srv.live.Load() == 0 && o == 0 })
+}
