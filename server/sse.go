@@ -555,6 +555,11 @@ func (c *sseSub) writeChunk(b []byte) error {
 	c.conn.SetWriteDeadline(time.Now().Add(c.s.cfg.Limits.LiveWriteTimeout))
 	_, err := c.conn.Write(b)
 	c.failed = c.failed || err != nil
+	if err == nil {
+		// The bucket's bytes out (GET /__ursula/usage) count an event stream's body as
+		// net/http's writer counted it before the hand-over: without the chunk framing.
+		c.s.usage.read(c.t.bucket, int64(len(b)-chunkHead-2))
+	}
 	return err
 }
 

@@ -90,6 +90,7 @@ func TestSSEParkedSubscriptionsDeliver(t *testing.T) {
 		cs = append(cs, c)
 	}
 	waitFor(t, "every subscription parked", func() bool { p, o := parkedCount(srv); return p == n && o == n })
+	outBefore := srv.usage.snapshot()["bkt1"].bytesOut.Load()
 	for i, msg := range []string{"b", "c", "d"} {
 		expect(t, do(t, "POST", s, msg, "Content-Type", "text/plain"), 204, "")
 		for j, c := range cs {
@@ -98,6 +99,10 @@ func TestSSEParkedSubscriptionsDeliver(t *testing.T) {
 			}
 		}
 		waitFor(t, "parked again", func() bool { p, _ := parkedCount(srv); return p == n })
+	}
+	// What parked subscriptions write counts in the bucket's usage as before.
+	if out := srv.usage.snapshot()["bkt1"].bytesOut.Load() - outBefore; out < n*3*uint64(len("data:b\n\n")) {
+		t.Fatalf("bytes out grew by %d for %d deliveries", out, n*3)
 	}
 	expect(t, do(t, "DELETE", s, ""), 204, "")
 	for j, c := range cs {
