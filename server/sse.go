@@ -475,9 +475,14 @@ func wakeTogether(subs map[*sseSub]struct{}) {
 	groups := map[sseShare][]*sseSub{}
 	now := time.Now()
 	for c := range subs {
+		// Claimed first: from then on nothing else runs it (its timer may fire meanwhile),
+		// so its fields are this goroutine's to read.
+		if !c.claim() {
+			continue
+		}
 		if c.rq.cursor != "" || !c.sentInit || c.off.Now || !c.expiresAt.IsZero() && !now.Before(c.expiresAt) ||
 			!c.idleAt.IsZero() && !now.Before(c.idleAt) {
-			c.resume()
+			go c.run()
 			continue
 		}
 		k := sseShare{off: c.off.Pos, maxBytes: c.maxBytes, inc: c.firstInc, b64: c.b64, compat: c.t.compat}
@@ -485,15 +490,15 @@ func wakeTogether(subs map[*sseSub]struct{}) {
 	}
 	for _, g := range groups {
 		if len(g) == 1 {
-			g[0].resume()
+			go g[0].run()
 			continue
 		}
 		deliverShared(g)
 	}
 }
 
-// deliverShared reads and encodes the next frame of g (subscriptions with one sseShare)
-// once, then each writes it in a goroutine of its own and parks again. Anything but plain
+// deliverShared reads and encodes the next frame of g (claimed subscriptions with one
+// sseShare) once, then each writes it in a goroutine of its own and parks again. Anything but plain
 // data (an error, a closed stream, nothing new) takes the full path of each.
 func deliverShared(g []*sseSub) {
 	c0 := g[0]
@@ -506,7 +511,7 @@ func deliverShared(g []*sseSub) {
 	if e != nil || v.inc != c0.firstInc || v.closed || v.end <= v.start {
 		s.done(v)
 		for _, c := range g {
-			c.resume()
+			go c.run()
 		}
 		return
 	}
@@ -521,9 +526,6 @@ func deliverShared(g []*sseSub) {
 	s.done(v)
 	end, n := v.end, v.end-v.start
 	for _, c := range g {
-		if !c.claim() {
-			continue
-		}
 		go func() {
 			defer c.recoverPanic()
 			if c.writeChunk(frame) != nil {
