@@ -172,6 +172,7 @@ type MetricsSnapshot struct {
 	RequestSecs        map[string]float64 `json:"request_seconds_total"`
 	Cold               *coldtier.Stats    `json:"cold,omitempty"` // with a cold store
 	Raft               any                `json:"raft,omitempty"` // raft engine: GET /__ursula/raft/status
+	Memory             MemoryStats        `json:"memory"`
 }
 
 // Snapshot returns the current metrics.
@@ -185,6 +186,7 @@ func (s *Server) MetricsSnapshot() MetricsSnapshot {
 		ColdReadHeld:       s.coldReads.inUse(),
 		AppendBytes:        s.metrics.appendBytes.Load(),
 		ReadBytes:          s.metrics.readBytes.Load(),
+		Memory:             readMemoryStats(),
 		Requests:           map[string]uint64{},
 		RequestSecs:        map[string]float64{},
 	}
@@ -224,6 +226,9 @@ func (s *Server) handleMetricsProm(w http.ResponseWriter, r *http.Request) {
 	gauge("ursula_cold_read_bytes_held", "Cold-tier bytes held for readers that have not taken them yet.", ms.ColdReadHeld)
 	counter("ursula_append_bytes_total", "Bytes appended.", ms.AppendBytes)
 	counter("ursula_read_bytes_total", "Bytes served by reads.", ms.ReadBytes)
+	gauge("ursula_memory_heap_live_bytes", "Go heap found live by the last collection.", ms.Memory.HeapLiveBytes)
+	gauge("ursula_memory_rss_bytes", "Resident set size of the process.", ms.Memory.RSSBytes)
+	gauge("ursula_goroutines", "Goroutines of the process.", ms.Memory.Goroutines)
 	if c := ms.Cold; c != nil {
 		coldProm(c, gauge, counter)
 	}

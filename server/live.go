@@ -5,11 +5,9 @@ package server
 import (
 	"errors"
 	"net/http"
-	"runtime"
 	"strconv"
 	"time"
 
-	"github.com/ursula-go/ursula/auth"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -127,132 +125,6 @@ func (s *Server) noContent(w http.ResponseWriter, v *view, cursor string) {
 		h.Set(streamcore.HdrStreamCursor, cursor)
 	}
 	w.WriteHeader(http.StatusNoContent)
-}
-
-func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, t *target, rq *readQuery, inc uint64) {
-	// Validation errors are plain HTTP answers before the event stream starts.
-	v, e := s.look(t, rq.off, 0, inc)
-	if e != nil {
-		s.writeError(w, r, e)
-		return
-	}
-	if !s.liveSlot(w, r) {
-		return
-	}
-	defer s.live.Add(-1)
-	s.renew(r.Context(), t, v)
-	b64 := !streamcore.IsText(v.ct)
-	json := v.isJSON()
-	maxBytes := rq.maxBytes
-	if !b64 && maxBytes < 4 {
-		maxBytes = 4
-	}
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-store, no-cache")
-	if v.jsonArray {
-		h.Set(streamcore.HdrSSEDataType, v.ct)
-	} else {
-		h.Set(streamcore.HdrSSEDataType, streamcore.ReadContentType(v.ct))
-	}
-	h.Set(streamcore.HdrIncarnation, u64(v.inc))
-	if b64 {
-		h.Set(streamcore.HdrSSEEncoding, "base64")
-	}
-	w.WriteHeader(http.StatusOK)
-	rc := http.NewResponseController(w)
-	keepAlive := time.NewTicker(s.cfg.Limits.SSEKeepAlive)
-	defer keepAlive.Stop()
-	firstInc := v.inc
-	off := streamcore.ReadOffset{Pos: v.start}
-	var buf []byte
-	var idle <-chan time.Time
-	if s.cfg.SSEMaxIdle > 0 {
-		tm := time.NewTimer(s.cfg.SSEMaxIdle)
-		defer tm.Stop()
-		idle = tm.C
-	}
-	// A subscription does not outlive its credential: at the token's exp it ends with a
-	// frame that tells expiry apart from the end of the stream.
-	var expired <-chan time.Time
-	if p := auth.FromContext(r.Context()); p != nil && !p.Expires.IsZero() {
-		tm := time.NewTimer(time.Until(p.Expires))
-		defer tm.Stop()
-		expired = tm.C
-	}
-	sentInitial := false
-	for {
-		select {
-		case <-expired: // also while data keeps arriving
-			s.sseWrite(rc, w, []byte(sseCredentialExpired))
-			return
-		default:
-		}
-		ch := s.engine.Watch(t.key)
-		v, e = s.lookShort(t, off, maxBytes, 0)
-		if e == nil && v.inc != firstInc {
-			e = streamcore.Errorf(http.StatusNotFound, streamcore.CodeStreamNotFound, "stream was deleted or recreated")
-		}
-		if e != nil {
-			s.done(v)
-			buf = streamcore.AppendSSEError(buf[:0], e)
-			s.sseWrite(rc, w, buf)
-			return
-		}
-		if !b64 && !v.jsonArray {
-			trimText(v, json)
-		}
-		if v.end > v.start {
-			payload := flatten(v.data)
-			if v.jsonArray {
-				payload = jsonArrayOf(v.data)
-			}
-			buf = buf[:0]
-			buf = streamcore.AppendSSEData(buf, payload, b64)
-			buf = streamcore.AppendSSEControl(buf, s.control(v, rq))
-			err := s.sseWrite(rc, w, buf)
-			runtime.KeepAlive(v)
-			s.done(v)
-			if err != nil {
-				return
-			}
-			s.metrics.readBytes.Add(v.end - v.start)
-			off = streamcore.ReadOffset{Pos: v.end}
-			sentInitial = true
-			if v.closed && v.end == v.tail {
-				return
-			}
-			continue
-		}
-		if v.closed || !sentInitial {
-			buf = streamcore.AppendSSEControl(buf[:0], s.control(v, rq))
-			if s.sseWrite(rc, w, buf) != nil {
-				return
-			}
-			sentInitial = true
-			if v.closed {
-				return
-			}
-		}
-	wait:
-		select {
-		case <-ch:
-		case <-keepAlive.C:
-			// A comment line: clients ignore it; a reader that is gone or stopped reading
-			// shows up as a failed write.
-			if s.sseWrite(rc, w, []byte(":\n\n")) != nil {
-				return
-			}
-			goto wait
-		case <-idle:
-			return
-		case <-expired:
-			s.sseWrite(rc, w, []byte(sseCredentialExpired))
-			return
-		case <-r.Context().Done():
-			return
-		}
-	}
 }
 
 // sseCredentialExpired is the last frame of a subscription whose credential expired.

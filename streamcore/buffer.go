@@ -5,6 +5,13 @@ package streamcore
 // and a fork may share its source's blocks.
 const blockSize = 1 << 20
 
+// firstBlockSize is the least capacity of a stream's first block (a larger first append
+// gets the next power of two). Small: most of a node's streams may be small and idle, and
+// the first block is their whole cost (a fixed 4 KiB first block was 85% of the live heap
+// of 100,000 streams of 64 bytes). Blocks double from there, so a growing stream reaches
+// large blocks after a few.
+const firstBlockSize = 256
+
 // Buffer holds the bytes [Base, End) of a stream as a list of append-only blocks.
 type Buffer struct {
 	base   uint64   // offset of blocks[0][0]
@@ -27,7 +34,7 @@ func (b *Buffer) Append(p []byte) {
 	for len(p) > 0 {
 		n := len(b.blocks)
 		if n == 0 || len(b.blocks[n-1]) == cap(b.blocks[n-1]) {
-			c := 4096
+			c := firstBlockSize
 			if n > 0 {
 				c = min(2*cap(b.blocks[n-1]), blockSize)
 			}

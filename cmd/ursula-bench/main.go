@@ -40,6 +40,9 @@ Usage:
   ursula-bench freeport [N]
   ursula-bench wait [--timeout 30s] [--ca-file F] [--ok] URL
   ursula-bench certs DIR           (a throwaway CA and loopback node certificate)
+  ursula-bench streams --url BASE [--streams 100000] [--metrics URL]   (scale: many streams)
+  ursula-bench sse-idle --url BASE [--readers 10000] [--metrics URL]   (scale: idle SSE readers)
+  ursula-bench memory --metrics URL   (the node's RSS and live heap after a collection)
 
 BASE is the URL under which the bench creates its streams, e.g.
   http://127.0.0.1:4437/bench        (Ursula native API: BASE = /{bucket})
@@ -140,6 +143,12 @@ func main() {
 			os.Exit(wait(os.Args[2:]))
 		case "certs":
 			os.Exit(certs(os.Args[2:]))
+		case "streams":
+			os.Exit(streamsCmd(os.Args[2:]))
+		case "sse-idle":
+			os.Exit(sseIdleCmd(os.Args[2:]))
+		case "memory":
+			os.Exit(memoryCmd(os.Args[2:]))
 		}
 	}
 	var c config

@@ -36,7 +36,9 @@
 #                  against the disk's sequential write bandwidth (dd with one fdatasync,
 #                  same directory, same run), SSE delivery to BENCH_SSE_LIVE (1000) live
 #                  readers, and the time from kill -9 to ready with BENCH_RECOVERY_MB
-#                  (1024) MiB in the journal
+#                  (1024) MiB in the journal; then, each on a fresh node: BENCH_STREAMS
+#                  (100000) streams (memory per idle stream, kill -9 to ready with them) and
+#                  BENCH_SSE_IDLE (10000) idle SSE readers (memory per reader)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -203,6 +205,47 @@ if [ "${BENCH_SCALE:-}" = 1 ]; then
   "$root/bin/ursula-bench" wait --ok --timeout 300s "http://127.0.0.1:$port/__ursula/ready"
   t1=$(date +%s.%N)
   awk -v a="$t0" -v b="$t1" -v mb="$have_mb" 'BEGIN { printf "recovery: kill -9 with %d MiB in the data directory, ready again in %.2f s = %.2f s per GiB (goal under 5 s for 1 GB)\n", mb, b - a, (b - a) * 1024 / mb }'
+  stop_all
+
+  # Many streams, many idle readers: each on a fresh node of its own (same engine and
+  # config), its memory read from the metrics of its admin listener after a collection.
+  read -r many_port many_admin < <("$root/bin/ursula-bench" freeport 2 | tr '\n' ' ')
+  start_many() { # $1: data directory
+    # shellcheck disable=SC2086
+    "$root/bin/ursula" server --config "$scale/ursula.toml" --engine raft --listen "127.0.0.1:$many_port" --admin-listen "127.0.0.1:$many_admin" --data "$1" ${URSULA_ARGS:-} \
+      >>"$out/scale-many-server.log" 2>&1 &
+    mpid=$!
+    pids+=("$mpid")
+    "$root/bin/ursula-bench" wait --ok --timeout 300s "http://127.0.0.1:$many_port/__ursula/ready"
+  }
+  many_url="http://127.0.0.1:$many_port/bench"
+  many_metrics="http://127.0.0.1:$many_admin/__ursula/metrics"
+  # BENCH_STREAMS (100000) streams, each created by a PUT with a 64-byte first append;
+  # memory per idle stream; then kill -9 and the time until ready again with them all.
+  nstreams=${BENCH_STREAMS:-100000}
+  start_many "$scale/many"
+  "$root/bin/ursula-bench" streams --url "$many_url" --streams "$nstreams" --metrics "$many_metrics" | tee "$scale/streams.txt"
+  kill -9 "$mpid"
+  wait "$mpid" 2>/dev/null || true
+  t0=$(date +%s.%N)
+  start_many "$scale/many"
+  t1=$(date +%s.%N)
+  "$root/bin/ursula-bench" memory --metrics "$many_metrics" >"$scale/streams-restarted.txt"
+  awk -v a="$t0" -v b="$t1" -F'[ =]' '
+    FILENAME ~ /restarted/ { for (i = 1; i < NF; i++) if ($i == "rss") rss_after = $(i + 1); next }
+    /^streams=/ { for (i = 1; i < NF; i += 2) v[$i] = $(i + 1) }
+    END {
+      printf "%d streams: %d B per idle stream (RSS), %d B heap; restart %.2f s (kill -9 to ready; RSS after the restart %d B per stream)\n",
+        v["streams"], v["rss_per_stream"], v["heap_per_stream"], b - a, (rss_after - v["rss_before"]) / v["streams"]
+    }' "$scale/streams.txt" "$scale/streams-restarted.txt"
+  stop_all
+  # BENCH_SSE_IDLE (10000) idle SSE readers over 100 streams: the node's memory per reader.
+  nidle=${BENCH_SSE_IDLE:-10000}
+  start_many "$scale/idle"
+  "$root/bin/ursula-bench" sse-idle --url "$many_url" --readers "$nidle" --metrics "$many_metrics" | tee "$scale/idle.txt"
+  awk -F'[ =]' '/^readers=/ { for (i = 1; i < NF; i += 2) v[$i] = $(i + 1)
+      printf "%d idle SSE readers: %d B per reader (RSS), %d B heap (goal under 16 KiB: %s)\n",
+        v["readers"], v["rss_per_reader"], v["heap_per_reader"], (v["rss_per_reader"] < 16384 ? "met" : "NOT MET") }' "$scale/idle.txt"
   stop_all
 fi
 echo "results in $out"
