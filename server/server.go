@@ -54,7 +54,7 @@ type Server struct {
 	usage     usageMeter
 	// clusterIDValue is the Ursula-Cluster-Id header value, shared by every answer.
 	clusterIDValue []string
-	sse       sseHub // SSE subscriptions parked without a goroutine (sse.go)
+	sse            sseHub // SSE subscriptions parked without a goroutine (sse.go)
 }
 
 // New returns a server over eng.
