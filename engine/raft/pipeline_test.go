@@ -145,3 +145,56 @@ func TestFramedPipelineReplicates(t *testing.T) {
 		}
 	}
 }
+
+// oldTransport stands for the NetworkTransport under a framed transport.
+type oldTransport struct {
+	raft.Transport
+	piped chan raft.ServerAddress
+}
+
+func (o *oldTransport) Consumer() <-chan raft.RPC { return make(chan raft.RPC) }
+func (o *oldTransport) AppendEntriesPipeline(_ raft.ServerID, target raft.ServerAddress) (raft.AppendPipeline, error) {
+	o.piped <- target
+	return nil, raft.ErrPipelineReplicationNotSupported
+}
+
+// TestLinkRefusedFallsBack: a peer that closes the link preamble (an older version) is
+// no link; the group's pipeline to it is the inner transport's.
+func TestLinkRefusedFallsBack(t *testing.T) {
+	old, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	go func() {
+		for {
+			c, err := old.Accept()
+			if err != nil {
+				return
+			}
+			var pre [8]byte
+			c.Read(pre[:])
+			c.Close() // an unknown preamble
+		}
+	}()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := NewMux(ln, "")
+	defer m.Close()
+	stop := make(chan struct{})
+	defer close(stop)
+	inner := &oldTransport{piped: make(chan raft.ServerAddress, 1)}
+	ft := m.Framed(3, inner, stop)
+	if _, err := m.link(old.Addr().String()); err == nil {
+		t.Fatal("a link to a peer that closed the preamble")
+	}
+	target := raft.ServerAddress(old.Addr().String())
+	if _, err := ft.AppendEntriesPipeline("2", target); err != raft.ErrPipelineReplicationNotSupported {
+		t.Fatalf("pipeline: %v", err)
+	}
+	if got := <-inner.piped; got != target {
+		t.Fatalf("inner pipeline to %q", got)
+	}
+}
