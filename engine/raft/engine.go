@@ -304,6 +304,9 @@ func (e *Engine) openGroup(id uint64) (*group, error) {
 	}
 	g.trans, g.snaps = trans, snaps
 	trans = &gateTransport{Transport: trans, g: g}
+	if e.mux != nil {
+		trans = e.mux.Framed(uint32(id), trans, e.stop) // pipelines on one link per peer
+	}
 	rc := raft.DefaultConfig()
 	rc.LocalID = serverID(e.cfg.NodeID)
 	rc.HeartbeatTimeout = e.cfg.HeartbeatTimeout

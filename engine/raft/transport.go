@@ -48,6 +48,8 @@ type Mux struct {
 	// shared: dial every stream inside one session per peer (session.go); else each
 	// stream is a physical connection of its own. Set once before any dial.
 	shared bool
+
+	links linkState // framed pipelines (pipeline.go)
 }
 
 // SetLog sends the sessions' errors to w (default: discarded); before any dial.
@@ -86,6 +88,7 @@ func (m *Mux) Close() error {
 	m.once.Do(func() { close(m.done) })
 	err := m.ln.Close()
 	m.closeSessions()
+	m.closeLinks()
 	return err
 }
 
@@ -136,6 +139,10 @@ func (m *Mux) route(c net.Conn, physical bool) {
 			return
 		}
 		serve(c)
+		return
+	}
+	if [4]byte(pre[:4]) == linkMagic {
+		m.serveLink(c)
 		return
 	}
 	if [4]byte(pre[:4]) != muxMagic {
