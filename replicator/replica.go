@@ -320,7 +320,23 @@ func Attach(ctx context.Context, streamURL, path string, opts Options) (*Replica
 	if err := r.SaveState(); err != nil {
 		return nil, newError(KindLocalSetup, ActionFix, err, "writing the sidecar %s", SidecarPath(path))
 	}
-	if err := r.claim(ctx, img.Epoch+1); err != nil {
+	err = r.claim(ctx, img.Epoch+1)
+	for late := 0; err != nil && late < 3 && streamMoved(err); late++ {
+		// Records landed between our read of the tail and the claim. When they are the
+		// late commits of the owner this claim fences, catch up over them and claim again.
+		ok, lerr := r.lateCommits(ctx, img)
+		if lerr != nil {
+			err = lerr
+		}
+		if !ok {
+			break // the claim's own fence error stands, or the catch-up's
+		}
+		if err = r.SaveState(); err != nil {
+			return nil, newError(KindLocalSetup, ActionFix, err, "writing the sidecar %s", SidecarPath(path))
+		}
+		err = r.claim(ctx, img.Epoch+1)
+	}
+	if err != nil {
 		if sc == nil && !fileHasData(path) {
 			// Nothing was written into a new file: leave no sidecar behind either.
 			if rerr := os.Remove(SidecarPath(path)); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
@@ -386,6 +402,53 @@ func resume(ctx context.Context, r *Replica, sc *sidecar.File, scErr error, info
 	}
 	r.logf("resumed", "file=%q from=%d to=%d commits=%d", r.path, sc.Offset, tail, img.Commits)
 	return img, ""
+}
+
+// streamMoved reports whether a claim was refused, provably not applied, because the
+// stream's tail was no longer the one the attach caught up to (a Stream-Seq conflict).
+func streamMoved(err error) bool {
+	var ce *client.Error
+	return errors.As(err, &ce) && ce.Status == http.StatusConflict && ce.Code == streamcore.CodeStreamSeqConflict
+}
+
+// lateCommits catches the local files up over records that landed after the attach read
+// the tail. It takes them only when they are commits, under the epoch the coming claim
+// fences: attempts of the previous owner still in flight when it gave up on an unknown
+// outcome may land late, and the owner's commits acknowledged before the claim are kept
+// (checklist T12). A claim among them is another owner attaching: false, and the caller
+// reports the fence.
+func (r *Replica) lateCommits(ctx context.Context, img *Image) (bool, error) {
+	info, err := r.opts.Client.Head(ctx, r.url)
+	if err != nil || info.Incarnation != r.incarnation {
+		return false, nil
+	}
+	tail, _ := streamcore.ParseOffset(info.NextOffset)
+	if tail <= r.tail {
+		return false, nil
+	}
+	f, err := os.OpenFile(r.path, os.O_RDWR, 0)
+	if err != nil {
+		return false, newError(KindLocalSetup, ActionFix, err, "opening %s", r.path)
+	}
+	defer f.Close()
+	from, epoch, commits := r.tail, img.Epoch, img.Commits
+	img.Tail = r.tail
+	if err := catchUp(ctx, r.opts.Client, r.url, f, img, tail, r.opts.MaxFrameBytes); err != nil {
+		return false, err
+	}
+	if img.Epoch != epoch {
+		return false, nil // a claim landed: another owner
+	}
+	if img.PageSize != 0 {
+		if err := f.Truncate(int64(img.DBPages) * int64(img.PageSize)); err != nil {
+			return false, newError(KindLocalSetup, ActionFix, err, "truncating %s", r.path)
+		}
+	}
+	r.mu.Lock()
+	r.tail, r.pageSize = img.Tail, img.PageSize
+	r.mu.Unlock()
+	r.logf("attach_caught_up", "file=%q from=%d to=%d commits=%d reason=%q", r.path, from, img.Tail, img.Commits-commits, "commits of the fenced epoch landed while attaching")
+	return true, nil
 }
 
 // fileHasData reports whether the database at path holds anything (file or WAL).
