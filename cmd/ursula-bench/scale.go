@@ -23,9 +23,9 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
+	"github.com/ursula-go/ursula/internal/fdlimit"
 	"github.com/ursula-go/ursula/streamcore"
 	"github.com/ursula-go/ursula/tlsfiles"
 )
@@ -130,23 +130,6 @@ func perUnit(after, before uint64, n int) int64 {
 		return 0
 	}
 	return (int64(after) - int64(before)) / int64(n)
-}
-
-// raiseNoFile lifts the soft descriptor limit to the hard one: thousands of idle readers
-// are thousands of sockets in this process.
-func raiseNoFile() uint64 {
-	var rl syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
-		return 0
-	}
-	if rl.Cur < rl.Max {
-		want := rl
-		want.Cur = rl.Max
-		if syscall.Setrlimit(syscall.RLIMIT_NOFILE, &want) == nil {
-			rl = want
-		}
-	}
-	return rl.Cur
 }
 
 // ---------------------------------------------------------------------------------------
@@ -330,7 +313,7 @@ func sseIdleCmd(args []string) int {
 		fmt.Fprintf(os.Stderr, "ursula-bench sse-idle: %v\n", err)
 		return 2
 	}
-	if lim := raiseNoFile(); lim > 0 && lim < uint64(*readers)+256 {
+	if lim := fdlimit.Raise(); lim > 0 && lim < uint64(*readers)+256 {
 		fmt.Fprintf(os.Stderr, "ursula-bench sse-idle: the descriptor limit %d is too low for %d readers\n", lim, *readers)
 		return 1
 	}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/ursula-go/ursula/auth"
 	"github.com/ursula-go/ursula/gateway"
+	"github.com/ursula-go/ursula/internal/fdlimit"
 	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/tlsfiles"
 )
@@ -333,7 +334,7 @@ func (fc *gatewayFile) limits() (gatewayLimits, error) {
 	if gc.BodyMinRate < -1 {
 		return l, fmt.Errorf("gateway.body_min_rate %d: want bytes a second, or -1 for off", gc.BodyMinRate)
 	}
-	nofile := raiseNoFile()
+	nofile := fdlimit.Raise()
 	l.maxConns = gc.MaxConnections
 	switch {
 	case l.maxConns < 0:

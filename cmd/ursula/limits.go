@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"syscall"
 	"time"
 
+	"github.com/ursula-go/ursula/internal/fdlimit"
 	"github.com/ursula-go/ursula/raftlog"
 	"github.com/ursula-go/ursula/server"
 )
@@ -66,22 +66,6 @@ func parseDur(name, v string, def time.Duration) (time.Duration, error) {
 	return d, nil
 }
 
-// raiseNoFile raises the soft descriptor limit to the hard one and returns it.
-func raiseNoFile() uint64 {
-	var rl syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
-		return 0
-	}
-	if rl.Cur < rl.Max {
-		want := rl
-		want.Cur = rl.Max
-		if syscall.Setrlimit(syscall.RLIMIT_NOFILE, &want) == nil {
-			rl = want
-		}
-	}
-	return rl.Cur
-}
-
 func resolveLimits(lc *limitsConfig) (resolvedLimits, error) {
 	var r resolvedLimits
 	var err error
@@ -110,7 +94,7 @@ func resolveLimits(lc *limitsConfig) (resolvedLimits, error) {
 	}
 	sl.MaxStreamsPerBucket = lc.MaxStreamsPerBuck
 	r.server = sl
-	r.nofile = raiseNoFile()
+	r.nofile = fdlimit.Raise()
 	r.maxConns = lc.MaxConnections
 	if r.maxConns <= 0 {
 		r.maxConns = defaultMaxConnections
