@@ -285,14 +285,17 @@ func raftOverUpgrade(t *testing.T, secure, shared bool) {
 			}
 		}
 	}
-	// 3 pairs: one connection each, two where both ends dialed at once, plus a few
+	// 3 pairs: at most one connection each (none between two nodes that never lead or
+	// campaign), two where both ends dialed at once, plus a few
 	// redials after elections on a loaded machine. Per-group connections would be at
 	// least groups x 2 peers x 3 nodes = 24.
 	t.Logf("%d upgraded connections", upgrades.Load())
 	if u := upgrades.Load(); !shared && u < 2*groups {
 		t.Errorf("%d upgraded connections for 3 nodes of %d groups without a shared connection; want at least one per group and peer", u, groups)
-	} else if u := upgrades.Load(); shared && (u < 3 || u > 12) {
-		t.Errorf("%d upgraded connections for 3 nodes of %d groups; want one per pair (3 to 6)", u, groups)
+	} else if u := upgrades.Load(); shared && (u < 2 || u > 12) {
+		// 2 when one node won every election: only candidates and leaders dial, and the
+		// two followers never needed each other.
+		t.Errorf("%d upgraded connections for 3 nodes of %d groups; want at most one per pair and dialing end (2 to 6, a few redials)", u, groups)
 	}
 
 	// No upgrade headers: 426 and a JSON error.
