@@ -33,8 +33,9 @@ import (
 // diskWatchTick is how often pressure and hot bytes are looked at.
 const diskWatchTick = 250 * time.Millisecond
 
-// trimTrailingLogs is the number of entries a group keeps after a snapshot taken because
-// its data reached the cold tier; a follower further behind gets the (small) snapshot.
+// trimTrailingLogs is the number of entries a group of a cluster keeps after a snapshot
+// taken because its data reached the cold tier; a follower further behind gets the (small)
+// snapshot. A single voter keeps none.
 const trimTrailingLogs = 8
 
 // trimMinEvery bounds how often one group snapshots for trimming.
@@ -152,7 +153,13 @@ func (e *Engine) checkPressure(lastMove []time.Time) {
 func (e *Engine) trimGroup(g *group) error {
 	rc := g.r.ReloadableConfig()
 	short := rc
-	short.TrailingLogs = min(rc.TrailingLogs, trimTrailingLogs)
+	keep := uint64(trimTrailingLogs)
+	if e.life.single {
+		// No follower to serve them to. Kept entries would also pin the journal segment
+		// they sit in (with the quiet groups' few entries there) until the next trim.
+		keep = 0
+	}
+	short.TrailingLogs = min(rc.TrailingLogs, keep)
 	if short != rc {
 		if err := g.r.ReloadConfig(short); err != nil {
 			e.cfg.Logger.Warn("log trim: cannot shorten the trailing logs", "group", g.id, "err", err)
