@@ -26,7 +26,30 @@ type arena struct {
 var (
 	arenaMu  sync.Mutex
 	arenaCur *arena
+	// arenaSpare is the next arena, populated in the background once the current one is
+	// taken: populating 8 MiB takes milliseconds (the kernel zeroes every page), which an
+	// append would otherwise wait for while it holds its partition's lock. arenaFilling
+	// is set while a goroutine prepares it.
+	arenaSpare   []byte
+	arenaFilling bool
 )
+
+// fillSpare populates the next arena (called with arenaMu held, at most one at a time).
+func fillSpare() {
+	if arenaSpare != nil || arenaFilling {
+		return
+	}
+	arenaFilling = true
+	go func() {
+		mem, ok := mapPopulated(arenaSize)
+		arenaMu.Lock()
+		defer arenaMu.Unlock()
+		arenaFilling = false
+		if ok {
+			arenaSpare = mem
+		}
+	}()
+}
 
 // allocBlock returns an empty block of capacity c and the arena that owns it (nil for a
 // heap block).
@@ -37,13 +60,18 @@ func allocBlock(c int) ([]byte, *arena) {
 	arenaMu.Lock()
 	defer arenaMu.Unlock()
 	if arenaCur == nil || len(arenaCur.mem)-arenaCur.off < c {
-		mem, ok := mapPopulated(arenaSize)
-		if !ok {
-			return make([]byte, 0, c), nil
+		mem := arenaSpare
+		arenaSpare = nil
+		if mem == nil {
+			var ok bool
+			if mem, ok = mapPopulated(arenaSize); !ok {
+				return make([]byte, 0, c), nil
+			}
 		}
 		a := &arena{mem: mem}
 		runtime.AddCleanup(a, unmap, mem)
 		arenaCur = a
+		fillSpare()
 	}
 	a := arenaCur
 	blk := a.mem[a.off : a.off : a.off+c]
