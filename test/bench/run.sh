@@ -209,7 +209,8 @@ if [ "${BENCH_SCALE:-}" = 1 ]; then
 
   # Many streams, many idle readers: each on a fresh node of its own (same engine and
   # config), its memory read from the metrics of its admin listener after a collection.
-  read -r many_port many_admin < <("$root/bin/ursula-bench" freeport 2 | tr '\n' ' ')
+  # (the echo ends the line: read without a newline fails, and set -e stopped the run here)
+  read -r many_port many_admin < <("$root/bin/ursula-bench" freeport 2 | tr '\n' ' '; echo)
   start_many() { # $1: data directory
     # shellcheck disable=SC2086
     "$root/bin/ursula" server --config "$scale/ursula.toml" --engine raft --listen "127.0.0.1:$many_port" --admin-listen "127.0.0.1:$many_admin" --data "$1" ${URSULA_ARGS:-} \
