@@ -91,8 +91,16 @@ func TestColdSnapshotPartsThreeVoters(t *testing.T) {
 		return doH(t, http.MethodPut, url+"/"+key+"/snapshot/"+off, []byte(ids[0]+"\n"+ids[1]+"\n"),
 			"Content-Type", ct, streamcore.HdrSnapshotParts, "2", streamcore.HdrSnapshotDigest, digest)
 	}
-	if res, _ := commit(L.ts.URL); res.StatusCode != http.StatusTemporaryRedirect {
-		t.Fatalf("commit on the old leader: %d", res.StatusCode)
+	// Until the old leader hears from the new one it knows no leader to redirect to: a
+	// 503 (not applied) meanwhile, then the redirect.
+	last := 0
+	eventually(t, "the old leader redirects the commit", func() bool {
+		res, _ := commit(L.ts.URL)
+		last = res.StatusCode
+		return last == http.StatusTemporaryRedirect || last != http.StatusServiceUnavailable
+	})
+	if last != http.StatusTemporaryRedirect {
+		t.Fatalf("commit on the old leader: %d", last)
 	}
 	if res, b := commit(F.ts.URL); res.StatusCode != http.StatusNoContent || res.Header.Get(streamcore.HdrSnapshotDigest) != digest {
 		t.Fatalf("commit on the new leader: %d %s", res.StatusCode, b)
