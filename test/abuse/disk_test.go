@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -134,24 +135,31 @@ func fullDisk(t *testing.T, limits string) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	// On a timeout below, the journal's files, the metrics and the server's goroutines (to
+	// its log) say why; cleanups run last first, so the node is still up for this one.
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		segs, _ := filepath.Glob(filepath.Join(data, "wal", "*"))
+		for _, p := range segs {
+			if st, err := os.Stat(p); err == nil {
+				t.Logf("journal file %s: %d bytes", filepath.Base(p), st.Size())
+			}
+		}
+		if res, err := client.Get(n.url + "/__ursula/metrics"); err == nil {
+			m, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			t.Logf("metrics: %s", m)
+		}
+		n.cmd.Process.Signal(syscall.SIGQUIT)
+		time.Sleep(time.Second)
+	})
 	// Against what was acknowledged, not the journal's size under pressure: a trim may
 	// already have run then (under pressure it does not wait for its worth).
-	trimmed := func() bool { return dirBytes(t, filepath.Join(data, "wal")) < int64(acked.Len())/2 }
-	for deadline := time.Now().Add(60 * time.Second); !trimmed(); time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			segs, _ := filepath.Glob(filepath.Join(data, "wal", "*"))
-			for _, p := range segs {
-				if st, err := os.Stat(p); err == nil {
-					t.Logf("journal file %s: %d bytes", filepath.Base(p), st.Size())
-				}
-			}
-			_, m := do(t, "GET", n.url+"/__ursula/metrics", nil)
-			t.Logf("metrics: %s", m)
-			n.cmd.Process.Signal(syscall.SIGQUIT) // the goroutines go to the server log
-			time.Sleep(time.Second)
-			t.Fatalf("timed out waiting: the journal is trimmed after the cold flush")
-		}
-	}
+	waitFor(t, "the journal is trimmed after the cold flush", func() bool {
+		return dirBytes(t, filepath.Join(data, "wal")) < int64(acked.Len())/2
+	})
 	t.Logf("journal: %d bytes under pressure, %d after space returned and the data went cold (%d bytes acknowledged)",
 		walFull, dirBytes(t, filepath.Join(data, "wal")), acked.Len())
 	n.alive(t)
