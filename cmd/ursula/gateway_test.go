@@ -234,8 +234,18 @@ func TestGatewayProcessLimits(t *testing.T) {
 	}
 	// Three SSE reads hold the three connections.
 	var sse []*http.Response
+	// The one-shot requests above free their connection slots when the gateway has closed
+	// them, which may be just after their answers: a 503 meanwhile is that, retried.
 	for range 3 {
-		res, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Get(gw + "/tenant1/s?offset=-1&live=sse")
+		var res *http.Response
+		var err error
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			res, err = (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Get(gw + "/tenant1/s?offset=-1&live=sse")
+			if err != nil || res.StatusCode != 503 || time.Now().After(deadline) {
+				break
+			}
+			res.Body.Close()
+		}
 		if err != nil || res.StatusCode != 200 {
 			t.Fatalf("sse: %v %v", res, err)
 		}
