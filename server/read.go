@@ -273,27 +273,46 @@ func gone(v *view) *streamcore.Error {
 func u64(v uint64) string { return strconv.FormatUint(v, 10) }
 
 // trimText shortens a text window so it never ends inside a UTF-8 code point and, for
-// NDJSON, ends at the last complete line when one exists.
+// NDJSON, ends at the last complete line when one exists. It cuts the window's parts where
+// they are, without copying them into one slice.
 func trimText(v *view, json bool) {
 	if v.end == v.tail || v.end == v.start {
 		return
 	}
-	flat := flatten(v.data)
-	n := len(flat)
+	total := 0
+	for _, p := range v.data {
+		total += len(p)
+	}
+	n := total
 	if json {
-		if i := strings.LastIndexByte(string(flat), '\n'); i >= 0 {
-			n = i + 1
+		at := total
+		for i := len(v.data) - 1; i >= 0; i-- {
+			at -= len(v.data[i])
+			if j := bytes.LastIndexByte(v.data[i], '\n'); j >= 0 {
+				n = at + j + 1
+				break
+			}
 		}
 	}
-	if n == len(flat) {
-		// Back off an incomplete trailing code point.
-		for k := 1; k <= 3 && k <= n; k++ {
-			c := flat[n-k]
+	if n == total {
+		// Back off an incomplete trailing code point (its bytes may straddle parts).
+		var last [4]byte
+		k := 0
+		for i := len(v.data) - 1; i >= 0 && k < len(last); i-- {
+			p := v.data[i]
+			for j := len(p) - 1; j >= 0 && k < len(last); j-- {
+				k++
+				last[len(last)-k] = p[j]
+			}
+		}
+		tail := last[len(last)-k:]
+		for k := 1; k <= 3 && k <= len(tail); k++ {
+			c := tail[len(tail)-k]
 			if c < 0x80 {
 				break
 			}
 			if c >= 0xC0 {
-				if !utf8.FullRune(flat[n-k:]) {
+				if !utf8.FullRune(tail[len(tail)-k:]) {
 					n -= k
 				}
 				break
@@ -303,8 +322,23 @@ func trimText(v *view, json bool) {
 	if n == 0 {
 		return // a single code point wider than the window: send it whole rather than stall
 	}
-	v.data = [][]byte{flat[:n]}
+	v.data = cutParts(v.data, n)
 	v.end = v.start + uint64(n)
+}
+
+// cutParts returns the first n bytes of parts as parts (a new outer slice; the bytes are
+// shared).
+func cutParts(parts [][]byte, n int) [][]byte {
+	out := make([][]byte, 0, len(parts))
+	for _, p := range parts {
+		if n <= 0 {
+			break
+		}
+		k := min(len(p), n)
+		out = append(out, p[:k])
+		n -= k
+	}
+	return out
 }
 
 func flatten(parts [][]byte) []byte {

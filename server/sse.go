@@ -215,11 +215,11 @@ func (c *sseSub) step() (<-chan struct{}, bool) {
 			trimText(v, c.json)
 		}
 		if v.end > v.start {
-			payload := flatten(v.data)
+			parts := v.data
 			if v.jsonArray {
-				payload = jsonArrayOf(v.data)
+				parts = [][]byte{jsonArrayOf(v.data)}
 			}
-			buf := streamcore.AppendSSEData(c.frame(), payload, c.b64)
+			buf := streamcore.AppendSSEDataParts(c.frame(), parts, c.b64)
 			buf = streamcore.AppendSSEControl(buf, s.control(v, c.rq))
 			err := c.write(buf)
 			runtime.KeepAlive(v)
@@ -273,12 +273,26 @@ func (c *sseSub) write(b []byte) error {
 	c.keepAliveAt = time.Now().Add(c.s.cfg.Limits.SSEKeepAlive)
 	if c.conn == nil {
 		err := c.s.sseWrite(c.rc, c.w, b[chunkHead:])
-		c.buf = b[:0] // the (grown) buffer serves the next frame
+		c.keep(b)
 		return err
 	}
 	b = chunkFrame(b)
+	err := c.writeChunk(b)
+	c.keep(b)
+	return err
+}
+
+// maxKeptFrame is the largest frame buffer a subscription keeps for its next frame: a
+// reader that once got an 8 MiB event must not hold 8 MiB while it waits for more.
+const maxKeptFrame = 64 << 10
+
+// keep keeps b, a written frame, to build the next one in, unless it grew too large.
+func (c *sseSub) keep(b []byte) {
+	if cap(b) > maxKeptFrame {
+		c.buf = nil
+		return
+	}
 	c.buf = b[:0]
-	return c.writeChunk(b)
 }
 
 // nextWake is the earliest time the subscription has something to do without a change of
@@ -515,11 +529,15 @@ func deliverShared(g []*sseSub) {
 		}
 		return
 	}
-	payload := flatten(v.data)
+	parts, size := v.data, int(v.end-v.start)
 	if v.jsonArray {
-		payload = jsonArrayOf(v.data)
+		parts = [][]byte{jsonArrayOf(v.data)}
+		size = len(parts[0])
 	}
-	frame := streamcore.AppendSSEData(append(make([]byte, 0, chunkHead+len(payload)+256), "00000000\r\n"...), payload, c0.b64)
+	if c0.b64 {
+		size = (size+2)/3*4 + (size/768+1)*6 // 768 bytes per data: line of 1024 characters
+	}
+	frame := streamcore.AppendSSEDataParts(append(make([]byte, 0, chunkHead+size+256), "00000000\r\n"...), parts, c0.b64)
 	frame = streamcore.AppendSSEControl(frame, s.control(v, c0.rq))
 	frame = chunkFrame(frame)
 	runtime.KeepAlive(v)

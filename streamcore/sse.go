@@ -21,51 +21,112 @@ const base64Line = 1024
 
 // AppendSSEData appends an `event: data` carrying payload. Text is framed as one data:
 // line per LF-separated segment (an empty last segment included); the standard parser's
-// LF-join then gives the payload back byte for byte (see appendDataLine for leading spaces). Binary
-// payloads are base64 (RFC 4648, padded), split over lines of base64Line characters.
-// A CR or CRLF in text also ends a data: line (as in the reference server), so a payload
-// can never inject an event; such bytes arrive as LF, the one lossy case of text SSE.
+// LF-join then gives the payload back byte for byte (see AppendSSEDataParts for leading
+// spaces). Binary payloads are base64 (RFC 4648, padded), split over lines of base64Line
+// characters. A CR or CRLF in text also ends a data: line (as in the reference server), so
+// a payload can never inject an event; such bytes arrive as LF, the one lossy case of text SSE.
 func AppendSSEData(dst, payload []byte, b64 bool) []byte {
-	dst = append(dst, "event: data\n"...)
-	if b64 {
-		enc := make([]byte, base64.StdEncoding.EncodedLen(len(payload)))
-		base64.StdEncoding.Encode(enc, payload)
-		if len(enc) == 0 {
-			dst = append(dst, "data:\n"...)
-		}
-		for len(enc) > 0 {
-			n := min(len(enc), base64Line)
-			dst = append(dst, "data:"...)
-			dst = append(dst, enc[:n]...)
-			dst = append(dst, '\n')
-			enc = enc[n:]
-		}
-		return append(dst, '\n')
-	}
-	for {
-		i := bytes.IndexAny(payload, "\r\n")
-		if i < 0 {
-			dst = appendDataLine(dst, payload)
-			break
-		}
-		dst = appendDataLine(dst, payload[:i])
-		if payload[i] == '\r' && i+1 < len(payload) && payload[i+1] == '\n' {
-			i++
-		}
-		payload = payload[i+1:]
-	}
-	return append(dst, '\n')
+	return AppendSSEDataParts(dst, [][]byte{payload}, b64)
 }
 
-// appendDataLine writes "data:" and the line; a line that starts with a space gets one
-// more, because parsers strip exactly one space after the colon.
-func appendDataLine(dst, line []byte) []byte {
-	dst = append(dst, "data:"...)
-	if len(line) > 0 && line[0] == ' ' {
-		dst = append(dst, ' ')
+// AppendSSEDataParts is AppendSSEData for a payload given as the concatenation of parts
+// (a stream's bytes as they are stored), encoded without first copying them into one
+// slice: an event of 8 MiB would otherwise cost its reader 8 MiB more. Line ends, CRLF
+// pairs and base64 groups may straddle parts.
+func AppendSSEDataParts(dst []byte, parts [][]byte, b64 bool) []byte {
+	dst = append(dst, "event: data\n"...)
+	if b64 {
+		lw := base64Lines{dst: dst}
+		enc := base64.NewEncoder(base64.StdEncoding, &lw)
+		for _, p := range parts {
+			enc.Write(p)
+		}
+		enc.Close()
+		if lw.col > 0 || lw.lines == 0 {
+			if lw.lines == 0 && lw.col == 0 {
+				lw.dst = append(lw.dst, "data:"...)
+			}
+			lw.dst = append(lw.dst, '\n')
+		}
+		return append(lw.dst, '\n')
 	}
-	dst = append(dst, line...)
-	return append(dst, '\n')
+	// open: "data:" of the current line is written; cr: the last terminator was a CR, so
+	// an LF right after it (maybe in the next part) belongs to it.
+	open, cr := false, false
+	for _, p := range parts {
+		if cr && len(p) > 0 {
+			if p[0] == '\n' {
+				p = p[1:]
+			}
+			cr = false
+		}
+		for len(p) > 0 {
+			i := bytes.IndexAny(p, "\r\n")
+			seg := p
+			if i >= 0 {
+				seg = p[:i]
+			}
+			if len(seg) > 0 {
+				if !open {
+					dst = append(dst, "data:"...)
+					// Parsers strip exactly one space after the colon.
+					if seg[0] == ' ' {
+						dst = append(dst, ' ')
+					}
+					open = true
+				}
+				dst = append(dst, seg...)
+			}
+			if i < 0 {
+				break
+			}
+			if !open {
+				dst = append(dst, "data:"...)
+			}
+			dst = append(dst, '\n')
+			open = false
+			if p[i] == '\r' {
+				if i+1 < len(p) {
+					if p[i+1] == '\n' {
+						i++
+					}
+				} else {
+					cr = true
+				}
+			}
+			p = p[i+1:]
+		}
+	}
+	if !open {
+		dst = append(dst, "data:"...)
+	}
+	return append(dst, '\n', '\n')
+}
+
+// base64Lines collects base64 text as data: lines of base64Line characters.
+type base64Lines struct {
+	dst   []byte
+	col   int // characters on the current (unterminated) line
+	lines int // lines begun
+}
+
+func (w *base64Lines) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		if w.col == 0 {
+			w.dst = append(w.dst, "data:"...)
+			w.lines++
+		}
+		k := min(len(p), base64Line-w.col)
+		w.dst = append(w.dst, p[:k]...)
+		w.col += k
+		p = p[k:]
+		if w.col == base64Line {
+			w.dst = append(w.dst, '\n')
+			w.col = 0
+		}
+	}
+	return n, nil
 }
 
 // AppendSSEControl appends an `event: control` with c as one line of compact JSON, the

@@ -329,3 +329,70 @@ func BenchmarkSSE(b *testing.B) {
 		}
 	})
 }
+
+// sseDataOracle is the one-slice framing AppendSSEDataParts must reproduce for any split
+// of the payload: a data: line per CR, LF or CRLF separated segment, an extra space before
+// a segment that starts with one, and the base64 text in lines of base64Line characters.
+func sseDataOracle(payload []byte, b64 bool) []byte {
+	dst := []byte("event: data\n")
+	line := func(l []byte) {
+		dst = append(dst, "data:"...)
+		if len(l) > 0 && l[0] == ' ' {
+			dst = append(dst, ' ')
+		}
+		dst = append(append(dst, l...), '\n')
+	}
+	if b64 {
+		enc := []byte(base64.StdEncoding.EncodeToString(payload))
+		if len(enc) == 0 {
+			line(nil)
+		}
+		for len(enc) > 0 {
+			n := min(len(enc), base64Line)
+			line(enc[:n])
+			enc = enc[n:]
+		}
+		return append(dst, '\n')
+	}
+	for {
+		i := bytes.IndexAny(payload, "\r\n")
+		if i < 0 {
+			line(payload)
+			break
+		}
+		line(payload[:i])
+		if payload[i] == '\r' && i+1 < len(payload) && payload[i+1] == '\n' {
+			i++
+		}
+		payload = payload[i+1:]
+	}
+	return append(dst, '\n')
+}
+
+// FuzzSSEDataParts: framing a payload split into parts at any points (empty parts, a CRLF
+// or a base64 group cut in two) gives the bytes of framing it whole.
+func FuzzSSEDataParts(f *testing.F) {
+	for _, s := range []string{"", "\r\n", "a\r", " x\n y", "\r\r\n\n", "\x00\xff\xfe"} {
+		f.Add([]byte(s), false, []byte{1, 0, 2})
+		f.Add([]byte(s), true, []byte{1, 1})
+	}
+	f.Add(bytes.Repeat([]byte{0xab}, 3000), true, []byte{200, 255, 7})
+	f.Add(bytes.Repeat([]byte("ab\r"), 1000), false, []byte{1, 2, 3, 250})
+	f.Fuzz(func(t *testing.T, payload []byte, b64 bool, cuts []byte) {
+		var parts [][]byte
+		rest := payload
+		for _, c := range cuts {
+			n := min(int(c), len(rest))
+			parts = append(parts, rest[:n])
+			rest = rest[n:]
+		}
+		parts = append(parts, rest)
+		want := sseDataOracle(payload, b64)
+		if got := AppendSSEDataParts(nil, parts, b64); !bytes.Equal(got, want) {
+			t.Fatalf("parts %q b64=%v:\n got %q\nwant %q", parts, b64, got, want)
+		}
+		if got := AppendSSEData([]byte("x"), payload, b64); !bytes.Equal(got[1:], want) {
+			t.Fatalf("whole %q b64=%v:\n got %q\nwant %q", payload, b64, got, want)
+		}
+	})
+}
