@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ncruces/go-sqlite3"
 	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/replicator"
 	"github.com/ursula-go/ursula/streamcore"
@@ -366,4 +367,65 @@ func TestLostWALWriteBackPoisonsBeforeTheNextCommit(t *testing.T) {
 	if got := e.streamIDs(); !slices.Equal(got, []int{1, 2}) {
 		t.Fatalf("the stream holds %v", got)
 	}
+}
+
+// TestWarmConnectionStopsAtThePoisonAndTheFence (checklist-vfs 108, 197): a connection
+// whose page cache is warm from before the owner was poisoned or fenced reads nothing
+// afterwards. In WAL mode it would start a read transaction without reading the file (the
+// WAL index never changes again), so the file's read check alone would let it answer from
+// its cache: stale rows of an owner the stream has moved past.
+func TestWarmConnectionStopsAtThePoisonAndTheFence(t *testing.T) {
+	t.Setenv("URSULA_VFS_RETRY_MS", "150")
+	warm := func(e *proofEnv) *sql.Conn {
+		c, err := e.db.Conn(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		var n int
+		if err := c.QueryRowContext(context.Background(), `SELECT count(*) FROM t`).Scan(&n); err != nil || n != 1 {
+			t.Fatalf("warm-up read: %d %v", n, err)
+		}
+		return c
+	}
+	refused := func(c *sql.Conn, kind replicator.Kind) {
+		t.Helper()
+		var n int
+		err := c.QueryRowContext(context.Background(), `SELECT count(*) FROM t`).Scan(&n)
+		if err == nil {
+			t.Fatalf("the warm connection still reads (%d rows)", n)
+		}
+		if errKind(err) != kind || !errors.Is(err, sqlite3.IOERR_READ) {
+			t.Fatalf("the warm connection's read: %v", err)
+		}
+		if _, err := c.ExecContext(context.Background(), `INSERT INTO t VALUES (99, NULL)`); errKind(err) != kind {
+			t.Fatalf("the warm connection's write: %v", err)
+		}
+	}
+	t.Run("poisoned", func(t *testing.T) {
+		e := newProofEnv(t, "warmpoison")
+		c := warm(e)
+		e.proxy.Choose(func(*http.Request) faultproxy.Fault { return faultproxy.Fault{Kind: faultproxy.DropAfter} })
+		if err := e.insert(2); errKind(err) != replicator.KindOutcomeUnknown {
+			t.Fatalf("the commit whose answers are all lost: %v", err)
+		}
+		refused(c, replicator.KindOutcomeUnknown)
+	})
+	t.Run("fenced", func(t *testing.T) {
+		e := newProofEnv(t, "warmfence")
+		c := warm(e)
+		second, err := Open(e.direct, Options{Path: filepath.Join(t.TempDir(), "second.db")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer second.Close()
+		if _, err := second.Exec(`INSERT INTO t VALUES (2, NULL)`); err != nil {
+			t.Fatal(err)
+		}
+		// The first owner learns of the fence at its next commit.
+		if err := e.insert(3); errKind(err) != replicator.KindFenced {
+			t.Fatalf("the fenced owner's commit: %v", err)
+		}
+		refused(c, replicator.KindFenced)
+	})
 }

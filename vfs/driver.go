@@ -56,6 +56,9 @@ func (c *conn2) Begin() (sqldriver.Tx, error) {
 }
 
 func (c *conn2) BeginTx(ctx context.Context, opts sqldriver.TxOptions) (sqldriver.Tx, error) {
+	if err := refuseStopped(c.db); err != nil {
+		return nil, err
+	}
 	tx, err := c.Conn.BeginTx(ctx, opts)
 	if err != nil {
 		return nil, mapErr(c.db, err)
@@ -79,6 +82,9 @@ func (c *conn2) ExecContext(ctx context.Context, query string, args []sqldriver.
 	ex, ok := c.Conn.(sqldriver.ExecerContext)
 	if !ok {
 		return nil, sqldriver.ErrSkip
+	}
+	if err := refuseStopped(c.db); err != nil {
+		return nil, err
 	}
 	res, err := ex.ExecContext(ctx, query, args)
 	return res, mapErr(c.db, err)
@@ -104,11 +110,17 @@ type stmt2 struct {
 }
 
 func (s *stmt2) ExecContext(ctx context.Context, args []sqldriver.NamedValue) (sqldriver.Result, error) {
+	if err := refuseStopped(s.db); err != nil {
+		return nil, err
+	}
 	res, err := s.Stmt.(sqldriver.StmtExecContext).ExecContext(ctx, args)
 	return res, mapErr(s.db, err)
 }
 
 func (s *stmt2) QueryContext(ctx context.Context, args []sqldriver.NamedValue) (sqldriver.Rows, error) {
+	if err := refuseStopped(s.db); err != nil {
+		return nil, err
+	}
 	rows, err := s.Stmt.(sqldriver.StmtQueryContext).QueryContext(ctx, args)
 	return rows, mapErr(s.db, err)
 }
@@ -118,6 +130,20 @@ func (s *stmt2) CheckNamedValue(nv *sqldriver.NamedValue) error {
 		return ch.CheckNamedValue(nv)
 	}
 	return sqldriver.ErrSkip
+}
+
+// refuseStopped fails a statement of a fenced or poisoned owner before it runs, with the
+// error a read of its file gets (SQLITE_IOERR_READ behind the typed error). The file's
+// read check alone is not enough: in WAL mode a connection whose page cache is warm
+// starts a read transaction without reading the file while the WAL index is unchanged,
+// and a fenced or poisoned owner never changes it again, so that connection would go on
+// answering from its cache. (The C extension refuses the WAL read mark instead, in its
+// xShmLock; this VFS cannot wrap the shared memory of the OS VFS.)
+func refuseStopped(d *sqlitewal.Database) error {
+	if d.ReadOnly() || d.Usable() == nil {
+		return nil
+	}
+	return mapErr(d, sqlite3.IOERR_READ)
 }
 
 // mapErr puts the replicator's error in front of an SQLite I/O error it caused.

@@ -77,7 +77,8 @@ func (v ursulaVFS) FullPathname(name string) (string, error) { return v.os.FullP
 
 // dbFile is the main database file of an attached database: reads fail once the replica
 // is fenced or poisoned; everything else is the OS file's, shared memory included. It
-// offers no memory mapping, so every read passes the check.
+// offers no memory mapping, so every read of the file passes the check; a connection that
+// answers from its page cache without reading is stopped by the driver (refuseStopped).
 type dbFile struct {
 	sqlvfs.File
 	db *sqlitewal.Database
