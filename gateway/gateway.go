@@ -404,12 +404,13 @@ func (g *Gateway) readBody(r *http.Request, limit, maxInflight int64) (body []by
 		}
 		n := len(b)
 		b = append(b, make([]byte, bodyStep)...)
-		m, err := io.ReadFull(r.Body, b[n:])
+		// A chunked body cut before its last chunk is an error, not its end (FillBody).
+		m, err := server.FillBody(r.Body, b[n:])
 		b = b[:n+m]
 		if int64(len(b)) > limit {
 			return nil, charged, tooLarge()
 		}
-		if err == io.EOF || err == io.ErrUnexpectedEOF {
+		if err == io.EOF {
 			return b, charged, nil
 		}
 		if err != nil {

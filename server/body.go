@@ -173,18 +173,28 @@ func (s *Server) readBodyAs(w http.ResponseWriter, r *http.Request, scratch bool
 		charged += bodyChunk
 		c := b.chunks.Get().(*[bodyChunk]byte)
 		chunks = append(chunks, c)
-		n, err := io.ReadFull(r.Body, c[:])
+		n, err := FillBody(r.Body, c[:])
 		total += int64(n)
 		if total > streamcore.MaxRequestBytes {
 			release()
 			return nil, tooLarge(false)
 		}
-		if err == io.EOF || err == io.ErrUnexpectedEOF {
+		if err == io.EOF {
+			if r.ContentLength > 0 && total != r.ContentLength {
+				release()
+				return nil, bodyReadError(io.ErrUnexpectedEOF)
+			}
 			break
 		}
 		if err != nil {
 			release()
 			return nil, bodyReadError(err)
+		}
+		if l := r.ContentLength; l > 0 && total*2 >= l && total < l {
+			// Half of a declared length has arrived: the rest goes straight into one
+			// exact buffer, which saves assembling that half from chunks. Memory is
+			// reserved for a declared length only once half of it came.
+			return s.finishExact(r, chunks, total, charged, keep)
 		}
 	}
 	out := make([]byte, total)
@@ -195,6 +205,57 @@ func (s *Server) readBodyAs(w http.ResponseWriter, r *http.Request, scratch bool
 	// The assembled body is charged in place of the chunks; it is never more than them.
 	b.used.Add(total)
 	keep(total)
+	return out, nil
+}
+
+// FillBody reads into p until it is full or the body ends. Unlike io.ReadFull it keeps the
+// body's own end apart from a cut: io.EOF is the end of the body (with n possibly short
+// of len(p)); a body cut before its declared length or its last chunk comes as the
+// reader's io.ErrUnexpectedEOF, which must fail the request, not end the body there.
+func FillBody(body io.Reader, p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
+		k, err := body.Read(p[n:])
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// finishExact reads the rest of a body of declared length r.ContentLength, of which the
+// chunks hold the first total bytes, into one buffer of that length.
+func (s *Server) finishExact(r *http.Request, chunks []*[bodyChunk]byte, total, charged int64, keep func(int64)) ([]byte, *streamcore.Error) {
+	b := s.bodies
+	l := r.ContentLength
+	release := func() {
+		for _, c := range chunks {
+			b.chunks.Put(c)
+		}
+		b.give(charged)
+	}
+	if !b.take(l) {
+		release()
+		return nil, ingressRefusal()
+	}
+	out := make([]byte, l)
+	for i, c := range chunks {
+		copy(out[i*bodyChunk:total], c[:])
+	}
+	release()
+	_, err := io.ReadFull(r.Body, out[total:])
+	if err == nil {
+		var one [1]byte
+		if n, _ := r.Body.Read(one[:]); n > 0 {
+			err = errors.New("body longer than Content-Length")
+		}
+	}
+	if err != nil {
+		b.give(l)
+		return nil, bodyReadError(err)
+	}
+	keep(l)
 	return out, nil
 }
 

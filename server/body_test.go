@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -174,6 +175,100 @@ func TestPooledAppendBodiesIntact(t *testing.T) {
 				if !bytes.Equal(got, want) {
 					t.Fatalf("stream %d holds %d bytes that differ from the %d appended", w, len(got), len(want))
 				}
+			}
+		})
+	}
+}
+
+// A body over bodyChunk is read into chunks and, once half of a declared length came,
+// straight into one exact buffer: every size and split gives back exactly the bytes sent,
+// a body shorter than declared is refused, and the budget holds nothing afterwards.
+func TestLargeBodiesReadExactly(t *testing.T) {
+	mem := engine.NewMemory(0)
+	t.Cleanup(func() { mem.Close() })
+	s := New(mem, Config{ClusterID: "c"})
+	for _, tc := range []struct {
+		size     int
+		declared bool
+		short    bool // the sender stops before its declared length
+		piece    int
+		cut      int // how many bytes short (1 when 0)
+	}{
+		{bodyChunk + 1, true, false, 7000, 0}, {200_000, true, false, 65536, 0}, {1<<20 + 13, true, false, 100_000, 0},
+		{4 * bodyChunk, true, false, bodyChunk, 0}, {200_000, false, false, 30000, 0}, {1 << 20, true, true, 50_000, 0},
+		{3 * bodyChunk, true, true, 1, 0}, {1 << 20, true, true, 65536, 900_000}, {1 << 20, true, true, 10_000, 1<<20 - bodyChunk - 5},
+	} {
+		t.Run(fmt.Sprintf("%d-declared=%t-short=%d", tc.size, tc.declared, tc.cut), func(t *testing.T) {
+			body := make([]byte, tc.size)
+			for i := range body {
+				body[i] = byte(i*31 + i>>16)
+			}
+			sent := body
+			if tc.short {
+				sent = body[:len(body)-max(1, tc.cut)]
+			}
+			var pieces [][]byte
+			for rest := sent; len(rest) > 0; {
+				n := min(tc.piece, len(rest))
+				pieces = append(pieces, rest[:n])
+				rest = rest[n:]
+			}
+			r := httptest.NewRequest("POST", "/b/s", &chunkReader{chunks: pieces})
+			r.ContentLength = -1
+			if tc.declared {
+				r.ContentLength = int64(len(body))
+			}
+			got, e := s.readBody(httptest.NewRecorder(), r)
+			switch {
+			case tc.short && e == nil:
+				t.Fatalf("a body short of its Content-Length was read (%d bytes)", len(got))
+			case !tc.short && e != nil:
+				t.Fatalf("read: %v", e)
+			case !tc.short && !bytes.Equal(got, body):
+				t.Fatalf("read %d bytes that differ from the %d sent", len(got), len(body))
+			}
+			if u := s.bodies.used.Load(); u != 0 {
+				t.Fatalf("the body budget still holds %d bytes", u)
+			}
+		})
+	}
+}
+
+// A body cut off mid-way (the sender's connection closes before its declared length or
+// its last chunk) appends nothing, whatever point it is cut at: a retry of the same
+// producer seq would otherwise be answered as a duplicate of the cut body.
+func TestCutBodiesAppendNothing(t *testing.T) {
+	mem := engine.NewMemory(0)
+	t.Cleanup(func() { mem.Close() })
+	addr := newWrappedServer(t, New(mem, Config{ClusterID: "c"}))
+	base := "http://" + addr
+	if res, b := coldDo(t, "PUT", base+"/cuts/s", nil, "Content-Type", "application/octet-stream"); res.StatusCode != http.StatusCreated {
+		t.Fatalf("create: %d %s", res.StatusCode, b)
+	}
+	for _, tc := range []struct {
+		name    string
+		head    string
+		payload []byte
+	}{
+		{"declared, cut before half", "Content-Length: 1048576\r\n", bytes.Repeat([]byte("a"), 3*bodyChunk+17)},
+		{"declared, cut after half", "Content-Length: 1048576\r\n", bytes.Repeat([]byte("b"), 900_000)},
+		{"declared, cut at a chunk boundary", "Content-Length: 1048576\r\n", bytes.Repeat([]byte("c"), 2*bodyChunk)},
+		{"chunked, no last chunk", "Transfer-Encoding: chunked\r\n", []byte(fmt.Sprintf("%x\r\n%s\r\n", 3*bodyChunk, bytes.Repeat([]byte("d"), 3*bodyChunk)))},
+		{"chunked, cut in a chunk", "Transfer-Encoding: chunked\r\n", []byte(fmt.Sprintf("%x\r\n%s", 3*bodyChunk, bytes.Repeat([]byte("e"), bodyChunk+9)))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(c, "POST /cuts/s HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nProducer-Id: p\r\nProducer-Epoch: 0\r\nProducer-Seq: 0\r\n%s\r\n", tc.head)
+			c.Write(tc.payload)
+			c.(*net.TCPConn).CloseWrite()
+			io.Copy(io.Discard, c) // whatever the answer, once the server is done with it
+			c.Close()
+			res, b := coldDo(t, "GET", base+"/cuts/s?offset=-1", nil)
+			if res.StatusCode != http.StatusOK || len(b) != 0 {
+				t.Fatalf("after a cut body the stream answers %d with %d bytes", res.StatusCode, len(b))
 			}
 		})
 	}
