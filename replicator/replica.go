@@ -222,6 +222,10 @@ type Replica struct {
 	payment   string
 	installed uint64 // snapshot offset the last attach installed (0: none)
 	stopErr   *Error // the poison or fence that stopped this replica
+	// stopped is stopErr for Usable, which must not wait for r.mu: a commit holds it for
+	// its whole round trip (retries included), and the reads of other connections check
+	// Usable at every statement and every page read.
+	stopped atomic.Pointer[Error]
 	// refused is a commit that failed on a refusal that proved nothing (no vouched
 	// not-applied marker): a proxy may have answered after the stream applied it. The
 	// next commit first learns whether it did (checkRefused).
@@ -916,6 +920,7 @@ func (r *Replica) fail(e *Error, sticky bool) error {
 	r.lastErr = e
 	if sticky && r.stopErr == nil {
 		r.stopErr, r.payment = e, ""
+		r.stopped.Store(e)
 		r.logf("poisoned", "file=%q stream=%q fenced=%t kind=%s action=%s reason=%q", r.path, r.url, r.fenced, e.Kind, e.Action, e.Message)
 		return e
 	}
@@ -955,9 +960,11 @@ func (r *Replica) Poison(reason string) {
 
 // Usable reports the error reads and writes must fail with (fenced or poisoned), if any.
 func (r *Replica) Usable() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.usable()
+	if e := r.stopped.Load(); e != nil {
+		c := *e
+		return &c
+	}
+	return nil
 }
 
 // LastError is the error of the last failed commit (nil after a success).

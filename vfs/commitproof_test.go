@@ -429,3 +429,43 @@ func TestWarmConnectionStopsAtThePoisonAndTheFence(t *testing.T) {
 		refused(c, replicator.KindFenced)
 	})
 }
+
+// TestReadsDoNotWaitForACommitInFlight: the check that stops a fenced or poisoned owner's
+// statements does not wait for a commit under way (which holds the replica for its whole
+// round trip): another connection reads the last committed state while the commit is
+// held in the proxy.
+func TestReadsDoNotWaitForACommitInFlight(t *testing.T) {
+	e := newProofEnv(t, "inflight")
+	ctx := context.Background()
+	reader, err := e.db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	e.proxy.Choose(func(r *http.Request) faultproxy.Fault {
+		if faultproxy.IsCommit(r) {
+			return faultproxy.Fault{Kind: faultproxy.Delay, Delay: 3 * time.Second}
+		}
+		return faultproxy.Fault{}
+	})
+	committed := make(chan error, 1)
+	go func() { committed <- e.insert(2) }()
+	// Wait until the commit reached the proxy (it is held there from then on).
+	for deadline := time.Now().Add(10 * time.Second); e.proxy.Count(faultproxy.Delay) == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the commit never reached the proxy")
+		}
+	}
+	var n int
+	if err := reader.QueryRowContext(ctx, `SELECT count(*) FROM t`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("read during the commit: %d rows, %v", n, err)
+	}
+	select {
+	case err := <-committed:
+		t.Fatalf("the read waited for the commit to end (%v)", err)
+	default:
+	}
+	if err := <-committed; err != nil {
+		t.Fatalf("the delayed commit: %v", err)
+	}
+}
