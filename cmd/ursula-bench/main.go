@@ -36,6 +36,7 @@ const usage = `ursula-bench: load generator for Durable Streams servers.
 Usage:
   ursula-bench --url BASE [--label NAME] [--duration 5s] [--json] [--out FILE] [flags]
   ursula-bench compare [--vs LABEL] A.json B.json [C.json ...]
+  ursula-bench merge --out MERGED.json ROUND1.json [ROUND2.json ...]   (medians of one target's rounds)
   ursula-bench baseline [--write] --file BASELINE.json A.json [B.json ...]
   ursula-bench freeport [N]
   ursula-bench wait [--timeout 30s] [--ca-file F] [--ok] URL
@@ -68,6 +69,8 @@ a node with TLS and auth, --url https://... with --ca-file (the CA to trust) and
 compare prints each scenario of the runs side by side with the ratio of the first run to
 each other run (ops/s: higher is better; latency: lower is better); with --vs LABEL, the
 ratio of each run to the run labelled LABEL instead.
+merge combines rounds of one target (same label) into one run whose every figure is the
+median of that figure over the rounds (errors add up).
 baseline compares runs with the committed baseline (see baseline.go) and prints a line
 starting "REGRESSION:" for every figure more than 20% worse; --write replaces the file.
 freeport prints N (default 1) free TCP ports on 127.0.0.1; wait polls URL until any HTTP
@@ -120,6 +123,7 @@ type Result struct {
 	MeanMs      float64 `json:"mean_ms"`
 	FirstError  string  `json:"first_error,omitempty"`
 	Client      string  `json:"client,omitempty"` // append scenarios: raw or nethttp
+	Rounds      int     `json:"rounds,omitempty"` // merged: the rounds each figure is the median of
 }
 
 // key names a result in tables: the scenario, and the client unless it is the default.
@@ -137,6 +141,8 @@ func main() {
 			os.Exit(baseline(os.Args[2:]))
 		case "compare":
 			os.Exit(compare(os.Args[2:]))
+		case "merge":
+			os.Exit(merge(os.Args[2:]))
 		case "freeport":
 			os.Exit(freeport(os.Args[2:]))
 		case "wait":

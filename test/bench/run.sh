@@ -5,7 +5,11 @@
 # Builds bin/ursula and bin/ursula-bench, then for each target in turn starts it on free
 # loopback ports, runs the same scenarios (append latency/throughput with 1, 16 and 64
 # writers; SSE delivery latency to 100 live readers), and stops it, so targets never
-# compete for the CPUs. The append scenarios run twice, with the lean raw client and with Go's
+# compete for the CPUs. This is done BENCH_ROUNDS times (default 3), the targets' rounds
+# interleaved (round 1 of every target, then round 2, ...), and each figure is the median
+# of its rounds (ursula-bench merge): a slow minute of the machine moves every target
+# alike, and one odd round of a target (the reference server's figures vary most from run
+# to run) moves nothing. The append scenarios run twice, with the lean raw client and with Go's
 # net/http client (rows "append-N nethttp"). Then prints one comparison table (absolute
 # numbers and the ratio of each target to the reference server, or of the first target to
 # each other one when the reference is not run), and compares the run with the committed
@@ -26,6 +30,8 @@
 # Environment:
 #   BENCH_OUT      directory for the JSON results (default test/bench/results/<timestamp>)
 #   BENCH_TARGETS  e.g. "memory raft raft3"
+#   BENCH_ROUNDS   rounds per target, interleaved; figures are medians (default 3; 1 for a
+#                  quick look)
 #   URSULA_ARGS    extra flags for `ursula server`
 #   BENCH_CLIENTS  clients of the append scenarios (default raw,nethttp)
 #   BENCH_BASELINE the baseline file (default test/bench/baseline.json)
@@ -81,9 +87,11 @@ bench() {
 }
 
 results=()
+rounds=${BENCH_ROUNDS:-3}
+for round in $(seq 1 "$rounds"); do
 for target in $targets; do
   port=$("$root/bin/ursula-bench" freeport 1)
-  data="$work/$target"
+  data="$work/$target.r$round"
   mkdir -p "$data"
   url="http://127.0.0.1:$port/bench"
   secure=()
@@ -91,7 +99,7 @@ for target in $targets; do
     memory|raft)
       # shellcheck disable=SC2086
       "$root/bin/ursula" server --engine "$target" --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 --data "$data" ${URSULA_ARGS:-} \
-        >"$out/$target-server.log" 2>&1 &
+        >"$out/$target-server.r$round.log" 2>&1 &
       pids+=($!)
       "$root/bin/ursula-bench" wait "http://127.0.0.1:$port/__ursula/ready"
       ;;
@@ -103,7 +111,7 @@ for target in $targets; do
         "$data/node.crt" "$data/node.key" "$data/tokens" >"$data/ursula.toml"
       # shellcheck disable=SC2086
       "$root/bin/ursula" server --config "$data/ursula.toml" --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 --data "$data" ${URSULA_ARGS:-} \
-        >"$out/$target-server.log" 2>&1 &
+        >"$out/$target-server.r$round.log" 2>&1 &
       pids+=($!)
       "$root/bin/ursula-bench" wait --ca-file "$data/ca.crt" "https://127.0.0.1:$port/__ursula/ready"
       url="https://127.0.0.1:$port/bench"
@@ -113,7 +121,7 @@ for target in $targets; do
       printf '[raft.wal]\nfsync = "always"\n' >"$data/ursula.toml"
       # shellcheck disable=SC2086
       "$root/bin/ursula" server --config "$data/ursula.toml" --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 --data "$data" ${URSULA_ARGS:-} \
-        >"$out/$target-server.log" 2>&1 &
+        >"$out/$target-server.r$round.log" 2>&1 &
       pids+=($!)
       "$root/bin/ursula-bench" wait "http://127.0.0.1:$port/__ursula/ready"
       ;;
@@ -132,20 +140,26 @@ for target in $targets; do
       url="http://127.0.0.1:$((base + 1))/bench"
       ;;
     reference)
-      (cd test/conformance && exec node reference-server.mjs "$port") >"$out/reference-server.log" 2>&1 &
+      (cd test/conformance && exec node reference-server.mjs "$port") >"$out/reference-server.r$round.log" 2>&1 &
       pids+=($!)
       "$root/bin/ursula-bench" wait "http://127.0.0.1:$port/v1/stream/"
       url="http://127.0.0.1:$port/v1/stream"
       ;;
     *) echo "unknown target $target" >&2; exit 2 ;;
   esac
-  echo "== $target ($(nproc 2>/dev/null || echo ?) CPUs, shared with the load generator)"
-  bench --url "$url" --label "$target" --out "$out/$target.json" --client "${BENCH_CLIENTS:-raw,nethttp}" ${secure[@]+"${secure[@]}"} "$@"
-  results+=("$out/$target.json")
+  echo "== $target, round $round of $rounds ($(nproc 2>/dev/null || echo ?) CPUs, shared with the load generator)"
+  bench --url "$url" --label "$target" --out "$out/$target.r$round.json" --client "${BENCH_CLIENTS:-raw,nethttp}" ${secure[@]+"${secure[@]}"} "$@"
   stop_all
 done
+done
+for target in $targets; do
+  rs=()
+  for round in $(seq 1 "$rounds"); do rs+=("$out/$target.r$round.json"); done
+  "$root/bin/ursula-bench" merge --out "$out/$target.json" "${rs[@]}"
+  results+=("$out/$target.json")
+done
 
-echo "== comparison"
+echo "== comparison (each figure the median of $rounds rounds per target, the rounds interleaved)"
 vs=()
 [[ " $targets " == *" reference "* ]] && vs=(--vs reference)
 "$root/bin/ursula-bench" compare "${vs[@]}" "${results[@]}" | tee "$out/compare.txt"
