@@ -5,9 +5,11 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/streamcore"
@@ -74,6 +76,71 @@ func FuzzRequest(f *testing.F) {
 		if w.Code >= 400 && method != "HEAD" {
 			if _, ok := streamcore.ParseErrorBody(w.Body.Bytes()); !ok {
 				t.Fatalf("%s %s answered %d without a JSON error body: %q", method, target, w.Code, w.Body.String())
+			}
+		}
+	})
+}
+
+// trimTextOracle is trimText on one flat slice, the way it was written before windows were
+// cut in their parts: it gives the window's new length.
+func trimTextOracle(flat []byte, json bool) int {
+	n := len(flat)
+	if json {
+		if i := bytes.LastIndexByte(flat, '\n'); i >= 0 {
+			n = i + 1
+		}
+	}
+	if n == len(flat) {
+		for k := 1; k <= 3 && k <= n; k++ {
+			c := flat[n-k]
+			if c < 0x80 {
+				break
+			}
+			if c >= 0xC0 {
+				if !utf8.FullRune(flat[n-k:]) {
+					n -= k
+				}
+				break
+			}
+		}
+	}
+	if n == 0 {
+		return len(flat)
+	}
+	return n
+}
+
+// FuzzTrimTextParts: cutting a text window held in parts (split anywhere: inside a code
+// point, around a newline, with empty parts) keeps exactly the bytes the one-slice cut
+// keeps, and never copies them (the parts left are prefixes of the parts given).
+func FuzzTrimTextParts(f *testing.F) {
+	f.Add([]byte("ab\ncd\xe2\x82"), []byte{3, 0, 2}, true)
+	f.Add([]byte("h\xc3\xa9llo w\xf0\x9f\x98\x80"), []byte{1, 1, 5, 2}, false)
+	f.Add([]byte("\xf0\x9f\x98"), []byte{1, 1}, false)
+	f.Add([]byte("no newline at all"), []byte{4}, true)
+	f.Fuzz(func(t *testing.T, flat []byte, cuts []byte, json bool) {
+		if len(flat) == 0 {
+			return
+		}
+		var parts [][]byte
+		rest := flat
+		for _, c := range cuts {
+			n := min(int(c), len(rest))
+			parts = append(parts, rest[:n])
+			rest = rest[n:]
+		}
+		parts = append(parts, rest)
+		given := slices.Clone(parts)
+		v := &view{start: 100, end: 100 + uint64(len(flat)), tail: 200 + uint64(len(flat)), data: parts}
+		trimText(v, json)
+		want := trimTextOracle(flat, json)
+		got := flatten(v.data)
+		if int(v.end-v.start) != want || !bytes.Equal(got, flat[:want]) {
+			t.Fatalf("%q in %q (json=%v): kept %q (end %d), want %q", flat, given, json, got, v.end-v.start, flat[:want])
+		}
+		for i, p := range v.data {
+			if len(p) > 0 && &p[0] != &given[i][0] {
+				t.Fatalf("part %d was copied", i)
 			}
 		}
 	})
