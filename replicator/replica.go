@@ -221,10 +221,10 @@ type Replica struct {
 	// commit succeeds or the replica is poisoned.
 	payment   string
 	installed uint64 // snapshot offset the last attach installed (0: none)
-	stopErr   *Error // the poison or fence that stopped this replica
-	// stopped is stopErr for Usable, which must not wait for r.mu: a commit holds it for
-	// its whole round trip (retries included), and the reads of other connections check
-	// Usable at every statement and every page read.
+	// stopped is the poison or fence that stopped this replica. It is atomic so that
+	// Usable need not wait for r.mu: a commit holds that for its whole round trip
+	// (retries included), and the reads of other connections check Usable at every
+	// statement and every page read.
 	stopped atomic.Pointer[Error]
 	// refused is a commit that failed on a refusal that proved nothing (no vouched
 	// not-applied marker): a proxy may have answered after the stream applied it. The
@@ -568,7 +568,7 @@ func (r *Replica) Commit(ctx context.Context, cm *Commit) error {
 	commitStart := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if err := r.usable(); err != nil {
+	if err := r.Usable(); err != nil {
 		return err
 	}
 	if r.refused != nil {
@@ -905,21 +905,13 @@ func refusalText(ce *client.Error) string {
 	return reason
 }
 
-func (r *Replica) usable() error {
-	if r.stopErr != nil {
-		e := *r.stopErr
-		return &e
-	}
-	return nil
-}
-
 // fail records a failed commit; a sticky one (poison, fence) refuses every later read
 // and write until the file is attached again.
 func (r *Replica) fail(e *Error, sticky bool) error {
 	prev := r.lastErr
 	r.lastErr = e
-	if sticky && r.stopErr == nil {
-		r.stopErr, r.payment = e, ""
+	if sticky && r.stopped.Load() == nil {
+		r.payment = ""
 		r.stopped.Store(e)
 		r.logf("poisoned", "file=%q stream=%q fenced=%t kind=%s action=%s reason=%q", r.path, r.url, r.fenced, e.Kind, e.Action, e.Message)
 		return e
@@ -1029,8 +1021,8 @@ func (r *Replica) Status() Status {
 	if r.installed != 0 {
 		st.Installed = streamcore.FormatOffset(r.installed)
 	}
-	if r.stopErr != nil {
-		st.Reason = r.stopErr.Message
+	if e := r.stopped.Load(); e != nil {
+		st.Reason = e.Message
 	} else if e := r.lastErr; e != nil {
 		st.WritesRefused, st.RefusedKind, st.RefusedReason = true, e.Kind, e.Message
 	}

@@ -141,16 +141,7 @@ func (s *Server) readBodyAs(w http.ResponseWriter, r *http.Request, scratch bool
 		} else {
 			buf = make([]byte, r.ContentLength)
 		}
-		// One ReadFull of the declared length: the body's bytes come in as few reads as
-		// the connection has them.
-		_, err := io.ReadFull(r.Body, buf)
-		if err == nil {
-			var one [1]byte
-			if n, _ := r.Body.Read(one[:]); n > 0 {
-				err = errors.New("body longer than Content-Length")
-			}
-		}
-		if err != nil {
+		if err := readExact(r.Body, buf); err != nil {
 			b.give(r.ContentLength)
 			return nil, bodyReadError(err)
 		}
@@ -194,7 +185,7 @@ func (s *Server) readBodyAs(w http.ResponseWriter, r *http.Request, scratch bool
 			// Half of a declared length has arrived: the rest goes straight into one
 			// exact buffer, which saves assembling that half from chunks. Memory is
 			// reserved for a declared length only once half of it came.
-			return s.finishExact(r, chunks, total, charged, keep)
+			return s.finishExact(r, chunks, total, release, keep)
 		}
 	}
 	out := make([]byte, total)
@@ -225,16 +216,11 @@ func FillBody(body io.Reader, p []byte) (int, error) {
 }
 
 // finishExact reads the rest of a body of declared length r.ContentLength, of which the
-// chunks hold the first total bytes, into one buffer of that length.
-func (s *Server) finishExact(r *http.Request, chunks []*[bodyChunk]byte, total, charged int64, keep func(int64)) ([]byte, *streamcore.Error) {
+// chunks hold the first total bytes, into one buffer of that length; release gives the
+// chunks and their charge back.
+func (s *Server) finishExact(r *http.Request, chunks []*[bodyChunk]byte, total int64, release func(), keep func(int64)) ([]byte, *streamcore.Error) {
 	b := s.bodies
 	l := r.ContentLength
-	release := func() {
-		for _, c := range chunks {
-			b.chunks.Put(c)
-		}
-		b.give(charged)
-	}
 	if !b.take(l) {
 		release()
 		return nil, ingressRefusal()
@@ -244,19 +230,25 @@ func (s *Server) finishExact(r *http.Request, chunks []*[bodyChunk]byte, total, 
 		copy(out[i*bodyChunk:total], c[:])
 	}
 	release()
-	_, err := io.ReadFull(r.Body, out[total:])
-	if err == nil {
-		var one [1]byte
-		if n, _ := r.Body.Read(one[:]); n > 0 {
-			err = errors.New("body longer than Content-Length")
-		}
-	}
-	if err != nil {
+	if err := readExact(r.Body, out[total:]); err != nil {
 		b.give(l)
 		return nil, bodyReadError(err)
 	}
 	keep(l)
 	return out, nil
+}
+
+// readExact fills buf with the rest of a body of declared length (one ReadFull: the bytes
+// come in as few reads as the connection has them) and checks that nothing follows.
+func readExact(body io.Reader, buf []byte) error {
+	if _, err := io.ReadFull(body, buf); err != nil {
+		return err
+	}
+	var one [1]byte
+	if n, _ := body.Read(one[:]); n > 0 {
+		return errors.New("body longer than Content-Length")
+	}
+	return nil
 }
 
 func bodyReadError(err error) *streamcore.Error {

@@ -20,6 +20,7 @@ package server
 
 import (
 	"crypto/tls"
+	"encoding/base64"
 	"net"
 	"net/http"
 	"runtime"
@@ -535,7 +536,7 @@ func deliverShared(g []*sseSub) {
 		size = len(parts[0])
 	}
 	if c0.b64 {
-		size = (size+2)/3*4 + (size/768+1)*6 // 768 bytes per data: line of 1024 characters
+		size = base64.StdEncoding.EncodedLen(size) + (size/768+1)*6 // "data:" and LF per 1024 characters
 	}
 	frame := streamcore.AppendSSEDataParts(append(make([]byte, 0, chunkHead+size+256), "00000000\r\n"...), parts, c0.b64)
 	frame = streamcore.AppendSSEControl(frame, s.control(v, c0.rq))

@@ -42,10 +42,10 @@ func AppendSSEDataParts(dst []byte, parts [][]byte, b64 bool) []byte {
 			enc.Write(p)
 		}
 		enc.Close()
-		if lw.col > 0 || lw.lines == 0 {
-			if lw.lines == 0 && lw.col == 0 {
-				lw.dst = append(lw.dst, "data:"...)
-			}
+		switch {
+		case lw.lines == 0: // an empty payload is one empty data: line
+			lw.dst = append(lw.dst, "data:\n"...)
+		case lw.col > 0:
 			lw.dst = append(lw.dst, '\n')
 		}
 		return append(lw.dst, '\n')
@@ -86,12 +86,11 @@ func AppendSSEDataParts(dst []byte, parts [][]byte, b64 bool) []byte {
 			dst = append(dst, '\n')
 			open = false
 			if p[i] == '\r' {
-				if i+1 < len(p) {
-					if p[i+1] == '\n' {
-						i++
-					}
-				} else {
+				switch {
+				case i+1 == len(p):
 					cr = true
+				case p[i+1] == '\n':
+					i++
 				}
 			}
 			p = p[i+1:]
