@@ -26,7 +26,8 @@ type Limits struct {
 	// body arrived). Long-poll and SSE are exempt; each SSE write gets LiveWriteTimeout.
 	WriteTimeout time.Duration
 	// LiveWriteTimeout bounds each write of an SSE stream: a reader that stops reading is
-	// disconnected once its socket buffers are full for this long.
+	// disconnected once its socket buffers are full for this long (at least three quarters
+	// of it once the subscription owns its connection: see sseSub.writeChunk).
 	LiveWriteTimeout time.Duration
 	// SSEKeepAlive is the interval of SSE comment lines on a quiet stream, so proxies and
 	// clients see the connection alive and a vanished reader is noticed.

@@ -70,8 +70,16 @@ type sseSub struct {
 	failed bool // a write failed: the connection is of no more use
 
 	state atomic.Int32
-	timer *time.Timer // parked: fires at the earliest of the three times above
-	wait  *sseWait    // parked: the channel's set it is in (guarded by the hub's lock)
+	timer *time.Timer // fires at the earliest of the three times above (or a spare wake)
+	// timerAt is when the timer is set to fire. A resume by the stream leaves the timer
+	// running, and parking again re-arms it only when it would fire after the new wake
+	// time or already fired: a spare wake finds nothing to do and parks again, which costs
+	// less than stopping and re-arming the timer on every event.
+	timerAt time.Time
+	// deadlineAt is the connection's write deadline. A write moves it only when less than
+	// three quarters of LiveWriteTimeout is left (see writeChunk).
+	deadlineAt time.Time
+	wait       *sseWait // parked: the channel's set it is in (guarded by the hub's lock)
 }
 
 // sseHub holds the parked subscriptions of a server.
@@ -271,8 +279,8 @@ func (c *sseSub) writeConst(frame string) error { return c.write(append(c.frame(
 // LiveWriteTimeout, so a reader that stopped reading is dropped once its socket buffers
 // stay full that long.
 func (c *sseSub) write(b []byte) error {
-	c.keepAliveAt = time.Now().Add(c.s.cfg.Limits.SSEKeepAlive)
 	if c.conn == nil {
+		c.keepAliveAt = time.Now().Add(c.s.cfg.Limits.SSEKeepAlive)
 		err := c.s.sseWrite(c.rc, c.w, b[chunkHead:])
 		c.keep(b)
 		return err
@@ -432,12 +440,7 @@ func (c *sseSub) park(ch <-chan struct{}) {
 			w.subs[c] = struct{}{}
 			c.wait = w
 			c.buf = shrink(c.buf)
-			d := time.Until(c.nextWake())
-			if c.timer == nil {
-				c.timer = time.AfterFunc(d, c.resume)
-			} else {
-				c.timer.Reset(d)
-			}
+			c.armTimer(time.Now())
 			c.state.Store(sseParked)
 			h.mu.Unlock()
 			return
@@ -449,6 +452,26 @@ func (c *sseSub) park(ch <-chan struct{}) {
 		}
 	}
 }
+
+// armTimer makes the timer fire by the subscription's next wake time. A timer still set
+// for that time or earlier is left as it is (see timerAt), unless it is due within
+// timerMargin: it could then fire before the subscription is marked parked, and its
+// resume would find it running and be lost.
+func (c *sseSub) armTimer(now time.Time) {
+	wake := c.nextWake()
+	switch {
+	case c.timer == nil:
+		c.timer = time.AfterFunc(wake.Sub(now), c.resume)
+	case c.timerAt.After(now.Add(timerMargin)) && !c.timerAt.After(wake):
+		return
+	default:
+		c.timer.Reset(wake.Sub(now))
+	}
+	c.timerAt = wake
+}
+
+// timerMargin: a timer due sooner than this is re-armed when a subscription parks.
+const timerMargin = time.Second
 
 // shrink drops a buffer a large frame grew, so an idle subscription holds a small one.
 func shrink(b []byte) []byte {
@@ -570,10 +593,18 @@ func chunkFrame(b []byte) []byte {
 	return append(b, '\r', '\n')
 }
 
-// writeChunk writes one whole chunk to the connection within LiveWriteTimeout.
+// writeChunk writes one whole chunk to the connection within LiveWriteTimeout, or at
+// least three quarters of it: the deadline moves only when less than that is left, so a
+// reader that gets an event every few milliseconds does not cost a deadline change per
+// event (a timer update in the runtime's poller), and a reader whose socket stays full is
+// still dropped after 3/4 to 4/4 of LiveWriteTimeout.
 func (c *sseSub) writeChunk(b []byte) error {
-	c.keepAliveAt = time.Now().Add(c.s.cfg.Limits.SSEKeepAlive)
-	c.conn.SetWriteDeadline(time.Now().Add(c.s.cfg.Limits.LiveWriteTimeout))
+	now := time.Now()
+	c.keepAliveAt = now.Add(c.s.cfg.Limits.SSEKeepAlive)
+	if lt := c.s.cfg.Limits.LiveWriteTimeout; c.deadlineAt.Sub(now) < lt-lt/4 {
+		c.deadlineAt = now.Add(lt)
+		c.conn.SetWriteDeadline(c.deadlineAt)
+	}
 	_, err := c.conn.Write(b)
 	c.failed = c.failed || err != nil
 	if err == nil {
@@ -613,7 +644,8 @@ func (c *sseSub) claim() bool {
 	c.wait = nil
 	closing := h.closing
 	h.mu.Unlock()
-	c.timer.Stop()
+	// The timer keeps running (timerAt): if it fires while the subscription runs, its
+	// resume finds it not parked and does nothing.
 	if closing {
 		c.finish()
 		return false

@@ -3,6 +3,7 @@ package server
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -155,6 +156,82 @@ func TestSSEParkedKeepAliveAndGoneReader(t *testing.T) {
 	}
 	conn.Close()
 	waitFor(t, "the gone reader's slot freed", func() bool { _, o := parkedCount(srv); return srv.live.Load() == 0 && o == 0 })
+}
+
+// A subscription that is woken by its stream leaves its keep-alive timer running (armTimer):
+// while events keep coming, the timer's spare wake must write no comment, and once the
+// stream goes quiet the comment must still come one keep-alive interval after the last
+// event (the spare wake re-arms the timer). The interval is above timerMargin, so the
+// running timer is really left alone.
+func TestSSEKeepAliveAfterBusyStretch(t *testing.T) {
+	const keepAlive = 1500 * time.Millisecond
+	eng := engine.NewMemory(0)
+	srv := New(eng, Config{ClusterID: "c", Limits: Limits{SSEKeepAlive: keepAlive}})
+	ts := httptest.NewServer(srv)
+	t.Cleanup(func() { ts.Close(); eng.Close() })
+	s := ts.URL + "/bkt1/busy"
+	expect(t, do(t, "PUT", s, "", "Content-Type", "text/plain"), 201, "")
+	conn, err := net.Dial("tcp", ts.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	io.WriteString(conn, "GET /bkt1/busy?offset=-1&live=sse HTTP/1.1\r\nHost: x\r\n\r\n")
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil || res.StatusCode != 200 {
+		t.Fatalf("answer %v %v", err, res)
+	}
+	type line struct {
+		at   time.Time
+		text string
+	}
+	lines := make(chan line, 1024)
+	go func() {
+		body := bufio.NewReader(res.Body)
+		for {
+			l, err := body.ReadString('\n')
+			if err != nil {
+				close(lines)
+				return
+			}
+			lines <- line{time.Now(), l}
+		}
+	}()
+	waitFor(t, "parked", func() bool { p, _ := parkedCount(srv); return p == 1 })
+	// Events every 100 ms for 2.5 s: past the first timer's due time (1.5 s after parking).
+	busyUntil := time.Now().Add(2500 * time.Millisecond)
+	sent := 0
+	for time.Now().Before(busyUntil) {
+		expect(t, do(t, "POST", s, fmt.Sprintf("e%d\n", sent), "Content-Type", "text/plain"), 204, "")
+		sent++
+		time.Sleep(100 * time.Millisecond)
+	}
+	var lastData time.Time
+	got := 0
+	deadline := time.After(20 * time.Second)
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatal("the answer ended")
+			}
+			switch {
+			case strings.HasPrefix(l.text, "data:e"):
+				got++
+				lastData = l.at
+			case l.text == ":\n":
+				if got < sent {
+					t.Fatalf("a keep-alive comment after %d of %d events, while the stream was busy", got, sent)
+				}
+				if quiet := l.at.Sub(lastData); quiet < keepAlive-200*time.Millisecond {
+					t.Fatalf("keep-alive comment %v after the last event, the interval is %v", quiet, keepAlive)
+				}
+				return
+			}
+		case <-deadline:
+			t.Fatalf("no keep-alive comment after the stream went quiet (%d of %d events seen)", got, sent)
+		}
+	}
 }
 
 // The shutdown of the http.Server ends the subscriptions it handed over at once.
