@@ -121,25 +121,37 @@ func TestSSEParkedSubscriptionsDeliver(t *testing.T) {
 	waitFor(t, "no live readers", func() bool { _, o := parkedCount(srv); return srv.live.Load() == 0 && o == 0 })
 }
 
-// A parked subscription writes its keep-alive comment on time, and a reader that went
-// away is found by that write: its slot is freed.
-func TestSSEParkedKeepAliveAndGoneReader(t *testing.T) {
+// keepAliveSubscription starts a memory-engine server with the given keep-alive interval,
+// creates the text stream /bkt1/name and subscribes to it over a plain connection (closed
+// at the end of the test). It returns the server, the stream's URL, the connection and the
+// 200 answer, whose body is the event stream.
+func keepAliveSubscription(t *testing.T, keepAlive time.Duration, name string) (*Server, string, net.Conn, *http.Response) {
+	t.Helper()
 	eng := engine.NewMemory(0)
-	srv := New(eng, Config{ClusterID: "c", Limits: Limits{SSEKeepAlive: 50 * time.Millisecond}})
+	srv := New(eng, Config{ClusterID: "c", Limits: Limits{SSEKeepAlive: keepAlive}})
 	ts := httptest.NewServer(srv)
 	t.Cleanup(func() { ts.Close(); eng.Close() })
-	s := ts.URL + "/bkt1/ka"
+	s := ts.URL + "/bkt1/" + name
 	expect(t, do(t, "PUT", s, "", "Content-Type", "text/plain"), 201, "")
 	conn, err := net.Dial("tcp", ts.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	io.WriteString(conn, "GET /bkt1/ka?offset=-1&live=sse HTTP/1.1\r\nHost: x\r\n\r\n")
-	br := bufio.NewReader(conn)
-	res, err := http.ReadResponse(br, nil)
-	if err != nil || res.StatusCode != 200 || res.TransferEncoding == nil {
+	t.Cleanup(func() { conn.Close() })
+	io.WriteString(conn, "GET /bkt1/"+name+"?offset=-1&live=sse HTTP/1.1\r\nHost: x\r\n\r\n")
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil || res.StatusCode != 200 {
 		t.Fatalf("answer %v %v", err, res)
+	}
+	return srv, s, conn, res
+}
+
+// A parked subscription writes its keep-alive comment on time, and a reader that went
+// away is found by that write: its slot is freed.
+func TestSSEParkedKeepAliveAndGoneReader(t *testing.T) {
+	srv, _, conn, res := keepAliveSubscription(t, 50*time.Millisecond, "ka")
+	if res.TransferEncoding == nil {
+		t.Fatalf("answer %v", res)
 	}
 	// Two keep-alive comments through the chunked body: the subscription parked and its
 	// timer woke it (at least once from the parked state).
@@ -165,22 +177,7 @@ func TestSSEParkedKeepAliveAndGoneReader(t *testing.T) {
 // running timer is really left alone.
 func TestSSEKeepAliveAfterBusyStretch(t *testing.T) {
 	const keepAlive = 1500 * time.Millisecond
-	eng := engine.NewMemory(0)
-	srv := New(eng, Config{ClusterID: "c", Limits: Limits{SSEKeepAlive: keepAlive}})
-	ts := httptest.NewServer(srv)
-	t.Cleanup(func() { ts.Close(); eng.Close() })
-	s := ts.URL + "/bkt1/busy"
-	expect(t, do(t, "PUT", s, "", "Content-Type", "text/plain"), 201, "")
-	conn, err := net.Dial("tcp", ts.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	io.WriteString(conn, "GET /bkt1/busy?offset=-1&live=sse HTTP/1.1\r\nHost: x\r\n\r\n")
-	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil || res.StatusCode != 200 {
-		t.Fatalf("answer %v %v", err, res)
-	}
+	srv, s, _, res := keepAliveSubscription(t, keepAlive, "busy")
 	type line struct {
 		at   time.Time
 		text string
