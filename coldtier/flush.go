@@ -12,7 +12,9 @@ import (
 	"github.com/ursula-go/ursula/streamcore"
 )
 
-// The flusher: every storage.cold.flush_interval it looks at each group; a group whose hot
+// The flusher: every storage.cold.flush_interval, and whenever a write finds its group
+// holding flush_size hot bytes (OverHotCap kicks it; not while it backs off from a failed
+// store), it looks at each group; a group whose hot
 // bytes reach storage.cold.flush_size gets its streams' oldest hot bytes uploaded as chunk
 // objects of at most flush_size (full pieces first; partial tails only while the group
 // stays over the threshold), at most flush_max_concurrency uploads at once. Each uploaded
@@ -29,10 +31,21 @@ func (c *Tier) flushLoop() {
 	t := time.NewTimer(interval)
 	defer t.Stop()
 	for {
+		kick := c.kick
+		if backoff > 0 {
+			kick = nil // a failing store is retried on the backoff schedule only
+		}
 		select {
 		case <-c.stop:
 			return
 		case <-t.C:
+		case <-kick:
+			if !t.Stop() {
+				select {
+				case <-t.C:
+				default:
+				}
+			}
 		}
 		err := c.flushOnce(false, "")
 		next := interval

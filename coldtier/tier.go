@@ -69,6 +69,10 @@ type Tier struct {
 	ctx    context.Context // canceled by StopCold: ends uploads in flight
 	cancel context.CancelFunc
 	flush  sync.Mutex // one flush pass at a time
+	// kick wakes the flusher before its next tick: a write found its group holding at
+	// least flush_size hot bytes (one piece's worth). Capacity 1: kicks while a pass
+	// runs collapse into one more pass.
+	kick chan struct{}
 	// hotMarks (under flush): per stream, since when its hot start has not moved.
 	hotMarks map[string]hotMark
 	wg       sync.WaitGroup
@@ -105,7 +109,7 @@ func Open(eng Engine, store coldstore.Store, cfg coldstore.Config, clusterID str
 		return nil, err
 	}
 	c := &Tier{store: store, cfg: cfg, opts: opts, eng: eng, root: root + clusterID + "/",
-		cache: newColdCache(int64(cfg.CacheSize)), pins: map[string]int{}, stop: make(chan struct{})}
+		cache: newColdCache(int64(cfg.CacheSize)), pins: map[string]int{}, stop: make(chan struct{}), kick: make(chan struct{}, 1)}
 	c.leader, _ = eng.(engine.LeaderVerifier)
 	if c.peers, _ = eng.(engine.ColdPeers); c.peers != nil {
 		c.peers.SetColdPins(c.pinned)
@@ -240,13 +244,22 @@ func (c *Tier) pinned(key string) bool {
 
 // OverHotCap reports whether a write with a body of bodyLen bytes must be refused because
 // the stream's group holds more hot bytes than storage.cold.max_hot_size_per_group. The
-// caller answers a follower's redirect first, then Backpressure.
+// caller answers a follower's redirect first, then Backpressure. A group holding a full
+// piece (flush_size) wakes the flusher now rather than at its next tick: a writer that
+// fills the cap faster than flush_interval would otherwise wait for that tick.
 func (c *Tier) OverHotCap(key string, bodyLen int) bool {
 	if c == nil || bodyLen == 0 {
 		return false
 	}
+	hot := c.eng.GroupHotBytes(c.eng.GroupOf(key))
+	if size := int64(c.cfg.FlushSize); size > 0 && hot >= size {
+		select {
+		case c.kick <- struct{}{}:
+		default:
+		}
+	}
 	limit := c.cfg.HotCap()
-	return limit > 0 && c.eng.GroupHotBytes(c.eng.GroupOf(key)) >= limit
+	return limit > 0 && hot >= limit
 }
 
 // Backpressure counts and returns the refusal of a write over the hot cap, before

@@ -40,6 +40,7 @@ type coldSetup struct {
 	maxHotAge         time.Duration
 	parts             ColdOptions // bounds of snapshot upload in parts (0: defaults)
 	partsGrace        time.Duration
+	flushInterval     time.Duration // 0: 20 ms
 }
 
 func newColdEnv(t *testing.T, backend string, cs coldSetup) *coldEnv {
@@ -59,7 +60,11 @@ func newColdEnv(t *testing.T, backend string, cs coldSetup) *coldEnv {
 	eng := engine.NewMemory(0)
 	env.srv = New(eng, Config{ClusterID: "cold-cluster"})
 	hot := coldstore.Size(cs.hotCap)
-	cfg := coldstore.Config{Backend: backend, Dir: "unused", Root: "root", FlushInterval: coldstore.Duration(20 * time.Millisecond),
+	interval := cs.flushInterval
+	if interval == 0 {
+		interval = 20 * time.Millisecond
+	}
+	cfg := coldstore.Config{Backend: backend, Dir: "unused", Root: "root", FlushInterval: coldstore.Duration(interval),
 		FlushSize: coldstore.Size(cs.flushSize), FlushMaxConcurrency: 4, MaxHotSizePerGroup: &hot, CacheSize: coldstore.Size(cs.cacheSize),
 		GCInterval: coldstore.Duration(50 * time.Millisecond), GCGrace: coldstore.Duration(cs.grace)}
 	if backend == "s3" {
@@ -205,6 +210,28 @@ func (env *coldEnv) create(path, ct string) {
 	if res.StatusCode != http.StatusCreated {
 		env.t.Fatalf("create: %d %s", res.StatusCode, body)
 	}
+}
+
+// TestColdFlushKickedByWrite: a write that finds its group holding a full piece
+// (flush_size) wakes the flusher; with a flush_interval of an hour nothing else would.
+func TestColdFlushKickedByWrite(t *testing.T) {
+	env := newColdEnv(t, "fs", coldSetup{flushSize: 64 << 10, hotCap: 4 << 20, flushInterval: time.Hour})
+	env.create("/bkt1/kick", "application/octet-stream")
+	env.appendAll("/bkt1/kick", 0, 64<<10, 32<<10) // a full piece, and no write after it
+	time.Sleep(200 * time.Millisecond)
+	if got := env.hotStart("bkt1/kick"); got != 0 {
+		t.Fatalf("flushed before any write found a full piece: hot start %d", got)
+	}
+	env.appendAll("/bkt1/kick", 64<<10, 96<<10, 32<<10) // its admission sees 64 KiB hot
+	for deadline := time.Now().Add(30 * time.Second); env.hotStart("bkt1/kick") < 64<<10; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the write over flush_size did not wake the flusher")
+		}
+	}
+	if len(env.objects("kick")) == 0 {
+		t.Fatal("hot start moved without a chunk object")
+	}
+	env.readFrom("/bkt1/kick", "-1", 0, 96<<10)
 }
 
 func (env *coldEnv) objects(sub string) []string {

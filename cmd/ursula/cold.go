@@ -18,7 +18,7 @@ import (
 //	                               # one shared store) and for the memory engine
 //	root = "ursula-prod"           # key prefix of every cold object
 //	dir = "./ursula-data/cold"     # fs backend (default: DATA/cold)
-//	flush_interval = "1s"
+//	flush_interval = "1s"          # and at once when a write finds flush_size hot
 //	flush_size = "8MiB"            # per-group flush threshold and chunk object size
 //	flush_max_concurrency = 4
 //	flush_max_hot_age = "5m"       # flush a stream whose hot tail is this old; "0s" disables
