@@ -110,7 +110,9 @@ func TestColdThreeVoters(t *testing.T) {
 	}
 	hotCap := coldstore.Size(256 << 10)
 	cfg := coldstore.Config{Backend: "fs", Dir: "unused", Root: "root", FlushInterval: coldstore.Duration(time.Hour),
-		FlushSize: 64 << 10, FlushMaxConcurrency: 2, MaxHotSizePerGroup: &hotCap, CacheSize: 1 << 20,
+		// flush_size = the cap: the writes below it never wake the flusher (the first write
+		// over the cap does, after the appends this test counts)
+		FlushSize: 256 << 10, FlushMaxConcurrency: 2, MaxHotSizePerGroup: &hotCap, CacheSize: 1 << 20,
 		GCInterval: coldstore.Duration(50 * time.Millisecond), GCGrace: coldstore.Duration(200 * time.Millisecond)}
 	nodes := coldCluster(t, 3, store, cfg)
 	key := "coldb/s"
@@ -236,7 +238,7 @@ func TestColdHotCounterRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := coldstore.Config{Backend: "fs", Dir: "unused", FlushInterval: coldstore.Duration(time.Hour), FlushSize: 32 << 10,
+	cfg := coldstore.Config{Backend: "fs", Dir: "unused", FlushInterval: coldstore.Duration(time.Hour), FlushSize: 1 << 20, // no write reaches flush_size: only the admin flush flushes
 		GCInterval: coldstore.Duration(time.Hour)}
 	open := func() (*Engine, *server.Server, func()) {
 		stores, l := nodelogStores(t, dir+"/wal")
