@@ -15,7 +15,8 @@ import (
 )
 
 // FS is a Store on a local directory. Writes go to a temporary file in the same
-// directory, are fsynced and renamed into place, so a crash never leaves a torn object.
+// directory, are fsynced and renamed into place, so a crash never leaves a torn object;
+// their page-cache pages are then given back (dropPages).
 type FS struct {
 	dir string
 }
@@ -92,6 +93,7 @@ func (f *FS) Put(ctx context.Context, key string, body io.Reader, size int64) er
 	if err := out.Sync(); err != nil {
 		return err
 	}
+	dropPages(out)
 	if err := out.Close(); err != nil {
 		return err
 	}
