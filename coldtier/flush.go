@@ -81,6 +81,7 @@ func (c *Tier) Flush(all bool) error { return c.flushOnce(all, "") }
 func (c *Tier) flushOnce(all bool, only string) error {
 	c.flush.Lock()
 	defer c.flush.Unlock()
+	defer c.endPass()
 	size := uint64(c.cfg.FlushSize)
 	var plan [][]*flushPiece // per stream, in offset order
 	groups := c.eng.FlushGroups()

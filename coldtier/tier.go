@@ -73,6 +73,10 @@ type Tier struct {
 	// least flush_size hot bytes (one piece's worth). Capacity 1: kicks while a pass
 	// runs collapse into one more pass.
 	kick chan struct{}
+	// passDone is closed at the end of every flush pass (and replaced): writes waiting
+	// for their group to fall under the hot cap look again then.
+	passMu   sync.Mutex
+	passDone chan struct{}
 	// hotMarks (under flush): per stream, since when its hot start has not moved.
 	hotMarks map[string]hotMark
 	wg       sync.WaitGroup
@@ -109,7 +113,8 @@ func Open(eng Engine, store coldstore.Store, cfg coldstore.Config, clusterID str
 		return nil, err
 	}
 	c := &Tier{store: store, cfg: cfg, opts: opts, eng: eng, root: root + clusterID + "/",
-		cache: newColdCache(int64(cfg.CacheSize)), pins: map[string]int{}, stop: make(chan struct{}), kick: make(chan struct{}, 1)}
+		cache: newColdCache(int64(cfg.CacheSize)), pins: map[string]int{}, stop: make(chan struct{}), kick: make(chan struct{}, 1),
+		passDone: make(chan struct{})}
 	c.leader, _ = eng.(engine.LeaderVerifier)
 	if c.peers, _ = eng.(engine.ColdPeers); c.peers != nil {
 		c.peers.SetColdPins(c.pinned)
@@ -260,6 +265,49 @@ func (c *Tier) OverHotCap(key string, bodyLen int) bool {
 	}
 	limit := c.cfg.HotCap()
 	return limit > 0 && hot >= limit
+}
+
+// WaitUnderHotCap waits, up to storage.cold.backpressure_wait, for the flusher to bring
+// the group of key under the hot cap, looking again after every flush pass (OverHotCap
+// has woken the flusher). It reports whether the write may go ahead; false once the
+// wait is over, ctx is done or the tier stops. Nothing is proposed meanwhile, so a
+// refusal after the wait is still not applied.
+func (c *Tier) WaitUnderHotCap(ctx context.Context, key string, bodyLen int) bool {
+	if c == nil || c.cfg.HotCapWait() <= 0 {
+		return !c.OverHotCap(key, bodyLen)
+	}
+	wait := c.cfg.HotCapWait()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		done := c.passChan()
+		if !c.OverHotCap(key, bodyLen) {
+			return true
+		}
+		select {
+		case <-done:
+		case <-t.C:
+			return false
+		case <-ctx.Done():
+			return false
+		case <-c.stop:
+			return false
+		}
+	}
+}
+
+func (c *Tier) passChan() <-chan struct{} {
+	c.passMu.Lock()
+	defer c.passMu.Unlock()
+	return c.passDone
+}
+
+// endPass wakes the writes waiting for a flush pass.
+func (c *Tier) endPass() {
+	c.passMu.Lock()
+	defer c.passMu.Unlock()
+	close(c.passDone)
+	c.passDone = make(chan struct{})
 }
 
 // Backpressure counts and returns the refusal of a write over the hot cap, before

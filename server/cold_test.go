@@ -41,6 +41,8 @@ type coldSetup struct {
 	parts             ColdOptions // bounds of snapshot upload in parts (0: defaults)
 	partsGrace        time.Duration
 	flushInterval     time.Duration // 0: 20 ms
+	backpressureWait  time.Duration // 0: a write over the cap is refused at once
+	wrapStore         func(coldstore.Store) coldstore.Store
 }
 
 func newColdEnv(t *testing.T, backend string, cs coldSetup) *coldEnv {
@@ -56,6 +58,9 @@ func newColdEnv(t *testing.T, backend string, cs coldSetup) *coldEnv {
 	}
 	if err != nil {
 		t.Fatal(err)
+	}
+	if cs.wrapStore != nil {
+		env.store = cs.wrapStore(env.store)
 	}
 	eng := engine.NewMemory(0)
 	env.srv = New(eng, Config{ClusterID: "cold-cluster"})
@@ -75,6 +80,8 @@ func newColdEnv(t *testing.T, backend string, cs coldSetup) *coldEnv {
 		cfg.FlushMaxHotAge = &a
 	}
 	cfg.PartsGrace = coldstore.Duration(cs.partsGrace)
+	wait := coldstore.Duration(cs.backpressureWait)
+	cfg.BackpressureWait = &wait
 	if cs.grace == 0 {
 		cfg.GCGrace = coldstore.Duration(time.Hour)
 	}
@@ -232,6 +239,74 @@ func TestColdFlushKickedByWrite(t *testing.T) {
 		t.Fatal("hot start moved without a chunk object")
 	}
 	env.readFrom("/bkt1/kick", "-1", 0, 96<<10)
+}
+
+// gatedStore holds every Put of a chunk object until its gate is closed.
+type gatedStore struct {
+	coldstore.Store
+	gate chan struct{}
+}
+
+func (g *gatedStore) Put(ctx context.Context, key string, body io.Reader, size int64) error {
+	if !strings.Contains(key, "/c/") {
+		return g.Store.Put(ctx, key, body, size)
+	}
+	select {
+	case <-g.gate:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return g.Store.Put(ctx, key, body, size)
+}
+
+// TestColdBackpressureWait: a write over the hot cap waits for the flusher (here held
+// by its store) and goes ahead once the flush brings the group under the cap; while the
+// store stays stuck, the write is refused once backpressure_wait is over, not applied.
+func TestColdBackpressureWait(t *testing.T) {
+	gate := make(chan struct{})
+	env := newColdEnv(t, "fs", coldSetup{flushSize: 64 << 10, hotCap: 128 << 10, flushInterval: time.Hour,
+		backpressureWait: 30 * time.Second, wrapStore: func(s coldstore.Store) coldstore.Store { return &gatedStore{Store: s, gate: gate} }})
+	env.create("/bkt1/w", "application/octet-stream")
+	env.appendAll("/bkt1/w", 0, 128<<10, 64<<10) // at the cap; the second write woke the flusher
+	type answer struct {
+		res  *http.Response
+		body []byte
+	}
+	got := make(chan answer, 1)
+	go func() {
+		res, body := coldDo(t, "POST", env.url("/bkt1/w"), pattern(128<<10, 64<<10), "Content-Type", "application/octet-stream")
+		got <- answer{res, body}
+	}()
+	select {
+	case a := <-got:
+		t.Fatalf("the write over the cap was answered while the flush was held: %d %s", a.res.StatusCode, a.body)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(gate)
+	a := <-got
+	if a.res.StatusCode != http.StatusNoContent {
+		t.Fatalf("the held write after the flush: %d %s", a.res.StatusCode, a.body)
+	}
+	env.readFrom("/bkt1/w", "-1", 0, 192<<10)
+
+	// A store that never returns: the write waits backpressure_wait, then 503 not applied.
+	stuck := make(chan struct{})
+	env2 := newColdEnv(t, "fs", coldSetup{flushSize: 64 << 10, hotCap: 64 << 10, flushInterval: time.Hour,
+		backpressureWait: 400 * time.Millisecond, wrapStore: func(s coldstore.Store) coldstore.Store { return &gatedStore{Store: s, gate: stuck} }})
+	env2.create("/bkt1/s", "application/octet-stream")
+	env2.appendAll("/bkt1/s", 0, 64<<10, 64<<10)
+	start := time.Now()
+	res, body := coldDo(t, "POST", env2.url("/bkt1/s"), pattern(64<<10, 1), "Content-Type", "application/octet-stream")
+	if res.StatusCode != http.StatusServiceUnavailable || res.Header.Get("X-Ursula-Not-Applied") != "ColdBackpressure" {
+		t.Fatalf("write over the cap with the store stuck: %d %v %s", res.StatusCode, res.Header, body)
+	}
+	if waited := time.Since(start); waited < 400*time.Millisecond {
+		t.Fatalf("refused after %v, before backpressure_wait (400ms)", waited)
+	}
+	if res, _ := coldDo(t, "HEAD", env2.url("/bkt1/s"), nil); res.Header.Get("Stream-Next-Offset") != streamcore.FormatOffset(64<<10) {
+		t.Fatalf("the refused write changed the stream: next offset %q", res.Header.Get("Stream-Next-Offset"))
+	}
+	close(stuck)
 }
 
 func (env *coldEnv) objects(sub string) []string {

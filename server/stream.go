@@ -23,7 +23,7 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, t *target)
 		e = s.admitStream(t.key)
 	}
 	if e == nil {
-		e = s.coldAdmit(t.key, len(c.Body))
+		e = s.coldAdmit(r.Context(), t.key, len(c.Body))
 	}
 	if e != nil {
 		s.writeError(w, r, e)
@@ -182,7 +182,7 @@ func (s *Server) handleAppend(w http.ResponseWriter, r *http.Request, t *target)
 		sum := blake3.Sum256(body)
 		c.DigestBad = hex.EncodeToString(sum[:]) != ph.Digest
 	}
-	if e := s.coldAdmit(t.key, len(stored)); e != nil {
+	if e := s.coldAdmit(r.Context(), t.key, len(stored)); e != nil {
 		s.writeError(w, r, e)
 		return
 	}
@@ -376,11 +376,12 @@ func (s *Server) renew(ctx context.Context, t *target, v *view) {
 	s.engine.RenewRead(ctx, t.key, s.now())
 }
 
-// coldAdmit refuses a write with a body while the stream's group holds more hot bytes
-// than storage.cold.max_hot_size_per_group, before anything is proposed. A replicated
-// engine's follower holds the same hot bytes as the leader: it answers the redirect (or
-// no-leader 503) first, as it would without the cold tier.
-func (s *Server) coldAdmit(key string, bodyLen int) *streamcore.Error {
+// coldAdmit holds a write with a body while the stream's group holds more hot bytes than
+// storage.cold.max_hot_size_per_group, up to storage.cold.backpressure_wait for the
+// flusher to catch up, and refuses it if the group is still over then, before anything is
+// proposed. A replicated engine's follower holds the same hot bytes as the leader: it
+// answers the redirect (or no-leader 503) at once, as it would without the cold tier.
+func (s *Server) coldAdmit(ctx context.Context, key string, bodyLen int) *streamcore.Error {
 	if !s.cold.OverHotCap(key, bodyLen) {
 		return nil
 	}
@@ -388,6 +389,9 @@ func (s *Server) coldAdmit(key string, bodyLen int) *streamcore.Error {
 		if e := leaderError(lv.LeaderHint(key), true); e != nil {
 			return e
 		}
+	}
+	if s.cold.WaitUnderHotCap(ctx, key, bodyLen) {
+		return nil
 	}
 	return s.cold.Backpressure()
 }

@@ -23,6 +23,7 @@ import (
 //	flush_max_concurrency = 4
 //	flush_max_hot_age = "5m"       # flush a stream whose hot tail is this old; "0s" disables
 //	max_hot_size_per_group = "64MiB"   # 503 ColdBackpressure above it; 0 disables
+//	backpressure_wait = "1s"       # a write over the cap waits this long for the flush first
 //	cache_size = "64MiB"           # LRU of recently read cold blocks
 //	gc_interval = "1m"
 //	gc_grace = "5m"

@@ -30,6 +30,10 @@ type Config struct {
 	// MaxHotSizePerGroup: above it, appends and creates with a body answer 503
 	// ColdBackpressure (default 64MiB; "0" disables). A pointer tells "0" from absent.
 	MaxHotSizePerGroup *Size `toml:"max_hot_size_per_group"`
+	// BackpressureWait: a write that finds its group over max_hot_size_per_group waits up
+	// to this long for the flusher to bring the group under it before it is refused
+	// (default 1s; "0s" refuses at once; at most 1m).
+	BackpressureWait *Duration `toml:"backpressure_wait"`
 	// CacheSize bounds the cache of recently read cold ranges (default 64MiB; 0 = default).
 	CacheSize Size `toml:"cache_size"`
 	// GCInterval is how often unreferenced objects are looked for (default 1m).
@@ -73,6 +77,8 @@ const (
 	DefaultFlushMaxConcurrency = 4
 	DefaultFlushMaxHotAge      = 5 * time.Minute
 	DefaultMaxHotSizePerGroup  = 64 << 20
+	DefaultBackpressureWait    = time.Second
+	maxBackpressureWait        = time.Minute
 	DefaultCacheSize           = 64 << 20
 	DefaultGCInterval          = time.Minute
 	DefaultGCGrace             = 5 * time.Minute
@@ -89,6 +95,15 @@ func (c *Config) HotCap() int64 {
 		return DefaultMaxHotSizePerGroup
 	}
 	return int64(*c.MaxHotSizePerGroup)
+}
+
+// HotCapWait is backpressure_wait: how long a write over the hot cap waits for the
+// flusher before it is refused (0: refused at once).
+func (c *Config) HotCapWait() time.Duration {
+	if c.BackpressureWait == nil {
+		return DefaultBackpressureWait
+	}
+	return c.BackpressureWait.D()
 }
 
 // MaxHotAge is flush_max_hot_age (0 = disabled).
@@ -155,6 +170,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxHotSizePerGroup != nil && *c.MaxHotSizePerGroup != 0 && c.FlushSize != 0 && *c.MaxHotSizePerGroup < c.FlushSize {
 		return fmt.Errorf("storage.cold.max_hot_size_per_group (%d bytes) must be at least storage.cold.flush_size (%d bytes), or 0 to disable the cap", *c.MaxHotSizePerGroup, c.FlushSize)
+	}
+	if w := c.HotCapWait(); w < 0 || w > maxBackpressureWait {
+		return fmt.Errorf("storage.cold.backpressure_wait %v must be between 0s (refuse at once) and %v", w, maxBackpressureWait)
 	}
 	if strings.HasPrefix(c.Root, "/") || strings.Contains(c.Root, "..") {
 		return fmt.Errorf("storage.cold.root %q must be a relative key prefix without '..'", c.Root)

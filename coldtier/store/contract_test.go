@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	coldstore "github.com/ursula-go/ursula/coldtier/store"
 	"github.com/ursula-go/ursula/coldtier/store/s3test"
@@ -184,6 +185,8 @@ func TestConfigValidate(t *testing.T) {
 		{coldstore.Config{Backend: "s3", S3: coldstore.S3Config{Bucket: "b", Endpoint: "http://127.0.0.1:9000", ForcePathStyle: &yes, ServerSideEncryption: "none"}}, ""},
 		{coldstore.Config{Backend: "fs", Dir: "x", FlushSize: 8 << 20, MaxHotSizePerGroup: ptr(coldstore.Size(1 << 20))}, "must be at least storage.cold.flush_size"},
 		{coldstore.Config{Backend: "fs", Dir: "x", MaxHotSizePerGroup: ptr(coldstore.Size(0))}, ""},
+		{coldstore.Config{Backend: "fs", Dir: "x", BackpressureWait: ptr(coldstore.Duration(2 * time.Minute))}, "storage.cold.backpressure_wait 2m0s must be between 0s"},
+		{coldstore.Config{Backend: "fs", Dir: "x", BackpressureWait: ptr(coldstore.Duration(0))}, ""},
 	}
 	for i, c := range cases {
 		err := c.cfg.Validate()

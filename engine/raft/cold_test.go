@@ -109,7 +109,8 @@ func TestColdThreeVoters(t *testing.T) {
 		t.Fatal(err)
 	}
 	hotCap := coldstore.Size(256 << 10)
-	cfg := coldstore.Config{Backend: "fs", Dir: "unused", Root: "root", FlushInterval: coldstore.Duration(time.Hour),
+	noWait := coldstore.Duration(0) // the write over the cap is refused at once
+	cfg := coldstore.Config{BackpressureWait: &noWait, Backend: "fs", Dir: "unused", Root: "root", FlushInterval: coldstore.Duration(time.Hour),
 		// flush_size = the cap: the writes below it never wake the flusher (the first write
 		// over the cap does, after the appends this test counts)
 		FlushSize: 256 << 10, FlushMaxConcurrency: 2, MaxHotSizePerGroup: &hotCap, CacheSize: 1 << 20,
