@@ -12,11 +12,13 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/ursula-go/ursula/internal/pagecache"
 )
 
 // FS is a Store on a local directory. Writes go to a temporary file in the same
 // directory, are fsynced and renamed into place, so a crash never leaves a torn object;
-// their page-cache pages are then given back (dropPages).
+// their page-cache pages are then given back (internal/pagecache).
 type FS struct {
 	dir string
 }
@@ -93,7 +95,7 @@ func (f *FS) Put(ctx context.Context, key string, body io.Reader, size int64) er
 	if err := out.Sync(); err != nil {
 		return err
 	}
-	dropPages(out)
+	pagecache.Drop(out)
 	if err := out.Close(); err != nil {
 		return err
 	}

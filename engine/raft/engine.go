@@ -287,7 +287,7 @@ func (e *Engine) openGroup(id uint64) (*group, error) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, err
 		}
-		if snaps, err = raft.NewFileSnapshotStore(dir, 2, e.cfg.RaftLog); err != nil {
+		if snaps, err = newSnapshotStore(dir, 2, e.cfg.RaftLog); err != nil {
 			return nil, err
 		}
 	} else {
