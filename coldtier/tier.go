@@ -86,6 +86,8 @@ type Tier struct {
 	flushedObjects atomic.Uint64
 	flushErrors    atomic.Uint64
 	backpressure   atomic.Uint64
+	heldWrites     atomic.Uint64 // writes that waited for a flush (backpressure_wait)
+	heldNanos      atomic.Uint64 // their time waiting, refused or not
 	coldReadBytes  atomic.Uint64
 	gcDeleted      atomic.Uint64
 	backoffUntil   atomic.Int64 // unix nanos; flusher sleeps until then after a failure
@@ -143,21 +145,23 @@ func (c *Tier) Close() {
 
 // Stats are the cold tier's counters (admin metrics and tests).
 type Stats struct {
-	Backend             string `json:"backend"`
-	FlushedBytes        uint64 `json:"cold_flushed_bytes"`
-	FlushedObjects      uint64 `json:"cold_flushed_objects"`
-	FlushWriteErrors    uint64 `json:"cold_flush_write_errors"`
-	BackpressureEvents  uint64 `json:"cold_backpressure_events"`
-	ColdReadBytes       uint64 `json:"cold_read_bytes"`
-	GCDeletedObjects    uint64 `json:"cold_gc_deleted_objects"`
-	CacheBytes          int64  `json:"cold_cache_bytes"`
-	HotBytes            int64  `json:"cold_hot_bytes"`
-	MaxGroupHotBytes    int64  `json:"cold_max_group_hot_bytes"`
-	MaxHotSizePerGroup  int64  `json:"cold_max_hot_size_per_group"`
-	PinnedObjectsInRead int    `json:"cold_pinned_objects"`
-	StagedPartBytes     int64  `json:"cold_staged_part_bytes"`
-	PartsStaged         uint64 `json:"cold_parts_staged"`
-	PartsCommitted      uint64 `json:"cold_parts_commits"`
+	Backend             string  `json:"backend"`
+	FlushedBytes        uint64  `json:"cold_flushed_bytes"`
+	FlushedObjects      uint64  `json:"cold_flushed_objects"`
+	FlushWriteErrors    uint64  `json:"cold_flush_write_errors"`
+	BackpressureEvents  uint64  `json:"cold_backpressure_events"`
+	BackpressureHeld    uint64  `json:"cold_backpressure_held"`         // writes over the cap that waited for a flush
+	BackpressureHeldSec float64 `json:"cold_backpressure_held_seconds"` // their total wait
+	ColdReadBytes       uint64  `json:"cold_read_bytes"`
+	GCDeletedObjects    uint64  `json:"cold_gc_deleted_objects"`
+	CacheBytes          int64   `json:"cold_cache_bytes"`
+	HotBytes            int64   `json:"cold_hot_bytes"`
+	MaxGroupHotBytes    int64   `json:"cold_max_group_hot_bytes"`
+	MaxHotSizePerGroup  int64   `json:"cold_max_hot_size_per_group"`
+	PinnedObjectsInRead int     `json:"cold_pinned_objects"`
+	StagedPartBytes     int64   `json:"cold_staged_part_bytes"`
+	PartsStaged         uint64  `json:"cold_parts_staged"`
+	PartsCommitted      uint64  `json:"cold_parts_commits"`
 }
 
 // Stats reports the cold tier's counters (backend "none" without a tier).
@@ -166,7 +170,8 @@ func (c *Tier) Stats() Stats {
 		return Stats{Backend: "none"}
 	}
 	st := Stats{Backend: c.store.Name(), FlushedBytes: c.flushedBytes.Load(), FlushedObjects: c.flushedObjects.Load(),
-		FlushWriteErrors: c.flushErrors.Load(), BackpressureEvents: c.backpressure.Load(), ColdReadBytes: c.coldReadBytes.Load(),
+		FlushWriteErrors: c.flushErrors.Load(), BackpressureEvents: c.backpressure.Load(),
+		BackpressureHeld: c.heldWrites.Load(), BackpressureHeldSec: time.Duration(c.heldNanos.Load()).Seconds(), ColdReadBytes: c.coldReadBytes.Load(),
 		GCDeletedObjects: c.gcDeleted.Load(), CacheBytes: c.cache.size(), MaxHotSizePerGroup: c.cfg.HotCap()}
 	for _, g := range c.eng.FlushGroups() {
 		h := c.eng.GroupHotBytes(g)
@@ -279,10 +284,21 @@ func (c *Tier) WaitUnderHotCap(ctx context.Context, key string, bodyLen int) boo
 	wait := c.cfg.HotCapWait()
 	t := time.NewTimer(wait)
 	defer t.Stop()
+	held := false // counted once, when the write first has to wait
+	start := time.Now()
+	defer func() {
+		if held {
+			c.heldNanos.Add(uint64(time.Since(start)))
+		}
+	}()
 	for {
 		done := c.passChan()
 		if !c.OverHotCap(key, bodyLen) {
 			return true
+		}
+		if !held {
+			held = true
+			c.heldWrites.Add(1)
 		}
 		select {
 		case <-done:

@@ -288,6 +288,12 @@ func TestColdBackpressureWait(t *testing.T) {
 		t.Fatalf("the held write after the flush: %d %s", a.res.StatusCode, a.body)
 	}
 	env.readFrom("/bkt1/w", "-1", 0, 192<<10)
+	if st := env.srv.ColdStats(); st.BackpressureHeld != 1 || st.BackpressureEvents != 0 || st.BackpressureHeldSec < 0.3 {
+		t.Fatalf("after one write held about 300ms and let through: held %d for %.3fs, refused %d", st.BackpressureHeld, st.BackpressureHeldSec, st.BackpressureEvents)
+	}
+	if _, body := coldDo(t, "GET", env.url("/metrics"), nil); !strings.Contains(string(body), "ursula_cold_backpressure_held_total 1\n") {
+		t.Fatalf("prometheus metrics lack the held write: %s", body)
+	}
 
 	// A store that never returns: the write waits backpressure_wait, then 503 not applied.
 	stuck := make(chan struct{})
@@ -305,6 +311,9 @@ func TestColdBackpressureWait(t *testing.T) {
 	}
 	if res, _ := coldDo(t, "HEAD", env2.url("/bkt1/s"), nil); res.Header.Get("Stream-Next-Offset") != streamcore.FormatOffset(64<<10) {
 		t.Fatalf("the refused write changed the stream: next offset %q", res.Header.Get("Stream-Next-Offset"))
+	}
+	if st := env2.srv.ColdStats(); st.BackpressureHeld != 1 || st.BackpressureEvents != 1 || st.BackpressureHeldSec < 0.4 {
+		t.Fatalf("after one write held 400ms and refused: held %d for %.3fs, refused %d", st.BackpressureHeld, st.BackpressureHeldSec, st.BackpressureEvents)
 	}
 	close(stuck)
 }
