@@ -135,6 +135,15 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, t *target, rq 
 	if c.b64 {
 		h.Set(streamcore.HdrSSEEncoding, "base64")
 	}
+	// The connection can be handed over only while net/http frames the answer with
+	// chunks over HTTP/1.1 (HTTP/2 has no hijack).
+	canPark := r.ProtoMajor == 1 && r.ProtoMinor >= 1 && r.Method == http.MethodGet
+	if canPark {
+		// A handed-over connection is closed after the last chunk. Said up front, so a
+		// client (a gateway's pool) does not send its next request on it as it closes:
+		// that request would meet a reset and, not being idempotent, fail.
+		h.Set("Connection", "close")
+	}
 	w.WriteHeader(http.StatusOK)
 	now := time.Now()
 	c.keepAliveAt = now.Add(s.cfg.Limits.SSEKeepAlive)
@@ -146,9 +155,6 @@ func (s *Server) serveSSE(w http.ResponseWriter, r *http.Request, t *target, rq 
 	if p := auth.FromContext(r.Context()); p != nil && !p.Expires.IsZero() {
 		c.expiresAt = p.Expires
 	}
-	// The connection can be handed over only while net/http frames the answer with
-	// chunks over HTTP/1.1 (HTTP/2 has no hijack).
-	canPark := r.ProtoMajor == 1 && r.ProtoMinor >= 1 && r.Method == http.MethodGet
 	for {
 		ch, ok := c.step()
 		if !ok {
