@@ -284,11 +284,10 @@ func (c *Tier) WaitUnderHotCap(ctx context.Context, key string, bodyLen int) boo
 	wait := c.cfg.HotCapWait()
 	t := time.NewTimer(wait)
 	defer t.Stop()
-	held := false // counted once, when the write first has to wait
-	start := time.Now()
+	var heldAt time.Time // when the write first had to wait (zero: it never did)
 	defer func() {
-		if held {
-			c.heldNanos.Add(uint64(time.Since(start)))
+		if !heldAt.IsZero() {
+			c.heldNanos.Add(uint64(time.Since(heldAt)))
 		}
 	}()
 	for {
@@ -296,8 +295,8 @@ func (c *Tier) WaitUnderHotCap(ctx context.Context, key string, bodyLen int) boo
 		if !c.OverHotCap(key, bodyLen) {
 			return true
 		}
-		if !held {
-			held = true
+		if heldAt.IsZero() {
+			heldAt = time.Now()
 			c.heldWrites.Add(1)
 		}
 		select {

@@ -314,44 +314,18 @@ func TestSSEGoneReaderFoundBySweep(t *testing.T) {
 // Connection: close: a client with a pool (a gateway) must not send its next request on
 // it as it closes, where a non-idempotent request would meet a reset and fail.
 func TestSSEAnswerSaysConnectionClose(t *testing.T) {
-	eng := engine.NewMemory(0)
-	srv := New(eng, Config{ClusterID: "c"})
-	ts := httptest.NewServer(srv)
-	t.Cleanup(func() { ts.Close(); eng.Close() })
-	tr := &http.Transport{MaxIdleConnsPerHost: 1}
-	t.Cleanup(tr.CloseIdleConnections)
-	client := &http.Client{Transport: tr}
-	send := func(method, u, body string, hdr ...string) *http.Response {
-		t.Helper()
-		req, _ := http.NewRequest(method, u, strings.NewReader(body))
-		for i := 0; i+1 < len(hdr); i += 2 {
-			req.Header.Set(hdr[i], hdr[i+1])
-		}
-		res, err := client.Do(req)
-		if err != nil {
-			t.Fatalf("%s %s: %v", method, u, err)
-		}
-		return res
-	}
+	ts := newTestServer(t)
+	// One pooled client (the default one) for every request, as a gateway's.
 	for i := range 20 {
 		s := fmt.Sprintf("%s/bkt1/close-%d", ts.URL, i)
-		res := send("PUT", s, "a", "Content-Type", "text/plain")
-		io.Copy(io.Discard, res.Body)
-		res.Body.Close()
-		if res.StatusCode != 201 {
-			t.Fatalf("create: %d", res.StatusCode)
-		}
+		created := do(t, "PUT", s, "a", "Content-Type", "text/plain")
+		expect(t, created, 201, "")
 		// The reader at the tail goes live (parked), then the stream closes with a last append.
-		sub := send("GET", s+"?offset="+res.Header.Get(streamcore.HdrStreamNextOff)+"&live=sse", "")
-		if sub.StatusCode != 200 || !sub.Close {
-			t.Fatalf("SSE answer: %d, Connection: close %v (header %q)", sub.StatusCode, sub.Close, sub.Header.Get("Connection"))
+		sub, err := http.Get(s + "?offset=" + created.h.Get(streamcore.HdrStreamNextOff) + "&live=sse")
+		if err != nil || sub.StatusCode != 200 || !sub.Close {
+			t.Fatalf("SSE answer: %v %v, Connection: close %v", err, sub, sub != nil && sub.Close)
 		}
-		cl := send("POST", s, "z", "Content-Type", "text/plain", streamcore.HdrStreamClosed, "true")
-		io.Copy(io.Discard, cl.Body)
-		cl.Body.Close()
-		if cl.StatusCode != 204 {
-			t.Fatalf("append and close: %d", cl.StatusCode)
-		}
+		expect(t, do(t, "POST", s, "z", "Content-Type", "text/plain", streamcore.HdrStreamClosed, "true"), 204, "")
 		body, err := io.ReadAll(sub.Body)
 		sub.Body.Close()
 		if err != nil || !strings.Contains(string(body), "data:z") || !strings.Contains(string(body), `"streamClosed":true`) {
