@@ -185,7 +185,7 @@ func (s *Server) readBodyAs(w http.ResponseWriter, r *http.Request, scratch bool
 			// Half of a declared length has arrived: the rest goes straight into one
 			// exact buffer, which saves assembling that half from chunks. Memory is
 			// reserved for a declared length only once half of it came.
-			return s.finishExact(r, chunks, total, release, keep)
+			return s.finishExact(w, r, chunks, total, release, keep)
 		}
 	}
 	out := make([]byte, total)
@@ -218,14 +218,19 @@ func FillBody(body io.Reader, p []byte) (int, error) {
 // finishExact reads the rest of a body of declared length r.ContentLength, of which the
 // chunks hold the first total bytes, into one buffer of that length; release gives the
 // chunks and their charge back.
-func (s *Server) finishExact(r *http.Request, chunks []*[bodyChunk]byte, total int64, release func(), keep func(int64)) ([]byte, *streamcore.Error) {
+func (s *Server) finishExact(w http.ResponseWriter, r *http.Request, chunks []*[bodyChunk]byte, total int64, release func(), keep func(int64)) ([]byte, *streamcore.Error) {
 	b := s.bodies
 	l := r.ContentLength
 	if !b.take(l) {
 		release()
 		return nil, ingressRefusal()
 	}
-	out := make([]byte, l)
+	// Room around the body: an engine that encodes the append into a log entry writes the
+	// entry around it instead of copying it (streamcore.AppendCommandAround).
+	frame, out := streamcore.NewBodyFrame(int(l))
+	if sw, ok := w.(*statusWriter); ok {
+		sw.bodyFrame = frame
+	}
 	for i, c := range chunks {
 		copy(out[i*bodyChunk:total], c[:])
 	}
@@ -236,6 +241,15 @@ func (s *Server) finishExact(r *http.Request, chunks []*[bodyChunk]byte, total i
 	}
 	keep(l)
 	return out, nil
+}
+
+// bodyFrameOf returns the frame the request's large body was read into (nil if none): an
+// engine that encodes the command into a log entry writes the entry around the body in it.
+func bodyFrameOf(w http.ResponseWriter) []byte {
+	if sw, ok := w.(*statusWriter); ok {
+		return sw.bodyFrame
+	}
+	return nil
 }
 
 // readExact fills buf with the rest of a body of declared length (one ReadFull: the bytes

@@ -5,6 +5,8 @@ import (
 	"runtime/debug"
 	rtmetrics "runtime/metrics"
 	"time"
+
+	"github.com/ursula-go/ursula/streamcore"
 )
 
 // Memory return: after a burst (many large bodies at once) the Go heap shrinks, but the
@@ -14,7 +16,8 @@ import (
 // is idle) and the heap holds more than minFree beyond the live heap it measured after its
 // own last return, it returns the memory at once with debug.FreeOSMemory (a full
 // collection). Under load collections run anyway and it stays out of the way; while idle
-// it runs once per burst, not on every tick.
+// it runs once per burst, not on every tick. An idle node also unmaps the stream-byte
+// arenas kept for reuse (streamcore.ReleaseArenas).
 
 // Defaults of the memory return ([limits] free_memory_interval, free_memory_min_bytes).
 const (
@@ -71,6 +74,9 @@ func ReleaseMemory(ctx context.Context, interval time.Duration, minFree uint64) 
 			held, cycles := heapHeld()
 			idle := cycles == lastCycles
 			lastCycles = cycles
+			if idle {
+				streamcore.ReleaseArenas() // stream-byte arenas kept for reuse
+			}
 			if idle && held > live+minFree {
 				debug.FreeOSMemory()
 				live, lastCycles = heapHeld()

@@ -216,6 +216,7 @@ type statusWriter struct {
 	sent       int64        // body bytes written
 	bodyCharge int64        // request body bytes charged to the node's budget until the request ends
 	scratch    *scratchBody // a pooled request body, returned when the request ends
+	bodyFrame  []byte       // the frame a large body was read into (finishExact)
 }
 
 func (w *statusWriter) WriteHeader(code int) {

@@ -20,6 +20,7 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, t *target)
 	}
 	c, e := s.createCommand(r, t, body)
 	if e == nil {
+		c.BodyFrame = bodyFrameOf(w) // used only if stored is the body as read
 		e = s.admitStream(t.key)
 	}
 	if e == nil {
@@ -178,6 +179,7 @@ func (s *Server) handleAppend(w http.ResponseWriter, r *http.Request, t *target)
 		ContentType: ct, Body: stored, Messages: msgs, Close: closing, StreamSeq: seq,
 		BodyFault: fault, Producer: ph,
 	}
+	c.BodyFrame = bodyFrameOf(w) // used only if stored is the body as read
 	if ph != nil && ph.Digest != "" {
 		sum := blake3.Sum256(body)
 		c.DigestBad = hex.EncodeToString(sum[:]) != ph.Digest

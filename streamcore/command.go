@@ -93,6 +93,11 @@ type Command struct {
 	BoundaryRefuted bool
 	ChunkKey        string
 	ChunkEnd        uint64
+
+	// BodyFrame, when set, is the frame (NewBodyFrame) Body was read into, for
+	// AppendCommandAround. It is not part of the command: never encoded, and a command
+	// without it means the same.
+	BodyFrame []byte
 }
 
 // ProducerHeaders are the idempotent producer headers of a write.

@@ -210,6 +210,59 @@ func CommandSizeHint(c *Command) int {
 // AppendCommand appends the binary encoding of c to b.
 func AppendCommand(b []byte, c *Command) []byte {
 	e := encoder{b: b}
+	e.commandHead(c)
+	e.b = append(e.b, c.Body...)
+	e.commandTail(c)
+	return e.b
+}
+
+// Body frames. A proposer that reads a large body can read it into a frame: a buffer with
+// BodyFrameHead bytes of room before the body and BodyFrameTail after it. An engine that
+// encodes the command into a log entry (AppendCommandAround) then writes the other
+// fields around the body instead of copying the body into a new entry: for 1 MiB
+// appends that copy, into fresh memory, was a fifth of the server's CPU.
+const (
+	BodyFrameHead = 512
+	BodyFrameTail = 512
+)
+
+// NewBodyFrame returns a frame for a body of n bytes and the body, frame[BodyFrameHead:][:n].
+func NewBodyFrame(n int) (frame, body []byte) {
+	frame = make([]byte, BodyFrameHead+n, BodyFrameHead+n+BodyFrameTail)
+	return frame, frame[BodyFrameHead:]
+}
+
+// AppendCommandAround returns prefix followed by the encoding of c, the bytes
+// AppendCommand(prefix, c) returns, written in place around c.Body when c.BodyFrame is the
+// frame Body lies in and the fields before the body fit in the room before it (fields
+// after it that outgrow the room after it are appended as usual, with one copy). The
+// entry shares the frame's memory. ok is false, and nothing is written, when Body is not
+// in its frame (JSON bodies are normalised into new memory) or the room is too small.
+func AppendCommandAround(prefix []byte, c *Command) (entry []byte, ok bool) {
+	f, n := c.BodyFrame, len(c.Body)
+	if n == 0 || len(f) == 0 {
+		return nil, false
+	}
+	head := cap(f) - cap(c.Body)
+	if head < 0 || head+n > len(f) || &f[head] != &c.Body[0] {
+		return nil, false
+	}
+	var small [BodyFrameHead]byte
+	e := encoder{b: append(small[:0], prefix...)}
+	e.commandHead(c)
+	h := len(e.b)
+	if h > head {
+		return nil, false
+	}
+	start := head - h
+	copy(f[start:head], e.b)
+	e.b = f[start : head+n]
+	e.commandTail(c)
+	return e.b, true
+}
+
+// commandHead encodes the fields of c before its body's bytes, the body's length last.
+func (e *encoder) commandHead(c *Command) {
 	e.byte(commandCodecVersion)
 	e.byte(uint8(c.Op))
 	e.s(c.Key)
@@ -223,7 +276,11 @@ func AppendCommand(b []byte, c *Command) []byte {
 	if e.present(c.Fork != nil) {
 		e.forkSpec(c.Fork)
 	}
-	e.bs(c.Body)
+	e.u(uint64(len(c.Body)))
+}
+
+// commandTail encodes the fields of c after its body.
+func (e *encoder) commandTail(c *Command) {
 	e.i(int64(c.Messages))
 	e.bool(c.Close)
 	e.s(c.StreamSeq)
@@ -246,7 +303,6 @@ func AppendCommand(b []byte, c *Command) []byte {
 	e.byte(boundaryVerdict(c))
 	e.s(c.ChunkKey)
 	e.u(c.ChunkEnd)
-	return e.b
 }
 
 // DecodeCommand decodes a command encoded by AppendCommand. Body aliases b.

@@ -444,9 +444,12 @@ func (e *Engine) Propose(ctx context.Context, c *streamcore.Command) (streamcore
 	if g.r.State() != raft.Leader {
 		return streamcore.Result{}, e.leaderErr(g, false)
 	}
-	data := make([]byte, 1, proposalCap(c))
-	data[0] = entryCommand
-	data = streamcore.AppendCommand(data, c)
+	data, inPlace := streamcore.AppendCommandAround([]byte{entryCommand}, c) // a large body: no copy
+	if !inPlace {
+		data = make([]byte, 1, proposalCap(c))
+		data[0] = entryCommand
+		data = streamcore.AppendCommand(data, c)
+	}
 	if !e.cfg.BatchProposals {
 		return g.apply(ctx, data)
 	}

@@ -46,7 +46,7 @@ ${URSULA_CLUSTER_RAFT:-}
 
 $peers
 TOML
-  "$bin" server --config "$dir/node$i.toml" >"$dir/node$i.log" 2>&1 &
+  "$bin" server --config "$dir/node$i.toml" ${URSULA_NODE_PROF:+--cpuprofile $URSULA_NODE_PROF.$i} >"$dir/node$i.log" 2>&1 &
   pids+=($!)
 done
 echo "${pids[*]}" >"$dir/pids"
