@@ -6,7 +6,8 @@
 # DIR (default: a new temp dir) receives node<i>.toml, node<i>/ (data) and node<i>.log.
 # Ports: HTTP 127.0.0.1:$BASE+i, cluster listener 127.0.0.1:$BASE+10+i (i = 1..3), with
 # BASE from $URSULA_CLUSTER_BASE_PORT (default 24430). Extra [raft] settings come from
-# $URSULA_CLUSTER_RAFT (TOML lines, e.g. 'wal.fsync = "always"').
+# $URSULA_CLUSTER_RAFT (TOML lines, e.g. 'wal.fsync = "always"'). With $URSULA_NODE_PROF
+# set, node i writes a Go CPU profile to $URSULA_NODE_PROF.i until it stops.
 # In the foreground it waits until Ctrl-C and stops the nodes; with --background it
 # returns once every node is ready and writes the node pids to DIR/pids.
 set -euo pipefail
