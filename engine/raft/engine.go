@@ -435,6 +435,17 @@ func proposalCap(c *streamcore.Command) int {
 	return 1 + streamcore.CommandSizeHint(c)
 }
 
+// commandEntry encodes c as an entryCommand log entry: written around its body when the
+// body came in a frame (a large body: no copy of it), else into one new buffer.
+func commandEntry(c *streamcore.Command) []byte {
+	if data, ok := streamcore.AppendCommandAround([]byte{entryCommand}, c); ok {
+		return data
+	}
+	data := make([]byte, 1, proposalCap(c))
+	data[0] = entryCommand
+	return streamcore.AppendCommand(data, c)
+}
+
 // Propose implements engine.Engine.
 func (e *Engine) Propose(ctx context.Context, c *streamcore.Command) (streamcore.Result, error) {
 	g := e.route(c)
@@ -444,12 +455,7 @@ func (e *Engine) Propose(ctx context.Context, c *streamcore.Command) (streamcore
 	if g.r.State() != raft.Leader {
 		return streamcore.Result{}, e.leaderErr(g, false)
 	}
-	data, inPlace := streamcore.AppendCommandAround([]byte{entryCommand}, c) // a large body: no copy
-	if !inPlace {
-		data = make([]byte, 1, proposalCap(c))
-		data[0] = entryCommand
-		data = streamcore.AppendCommand(data, c)
-	}
+	data := commandEntry(c)
 	if !e.cfg.BatchProposals {
 		return g.apply(ctx, data)
 	}

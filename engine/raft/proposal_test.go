@@ -1,6 +1,7 @@
 package raftengine
 
 import (
+	"bytes"
 	"math"
 	"strings"
 	"testing"
@@ -32,6 +33,51 @@ func TestProposalCapHoldsTheEncoding(t *testing.T) {
 		data := streamcore.AppendCommand(make([]byte, 1, n), c)
 		if cap(data) != n {
 			t.Errorf("%s: the entry grew from %d to %d bytes (%d used)", name, n, cap(data), len(data))
+		}
+	}
+}
+
+// TestCommandEntryAroundBody: a command whose body came in a frame is encoded into that
+// frame (the entry shares the body's memory, no copy); one without a frame, or whose head
+// fields do not fit before the body, gets its own buffer. Both decode to the command.
+func TestCommandEntryAroundBody(t *testing.T) {
+	frame, body := streamcore.NewBodyFrame(1 << 20)
+	for i := range body {
+		body[i] = byte(i)
+	}
+	framed := &streamcore.Command{Op: streamcore.OpAppend, Key: "bench/s1", ContentType: "application/octet-stream",
+		Body: body, BodyFrame: frame, Producer: &streamcore.ProducerHeaders{ID: "writer-1", Epoch: 1, Seq: 99}}
+	longKey := *framed
+	longKey.Key = "bench/" + strings.Repeat("k", streamcore.BodyFrameHead)
+	plain := *framed
+	plain.BodyFrame = nil
+	cases := []struct {
+		name   string
+		c      *streamcore.Command
+		shares bool
+	}{
+		{"framed", framed, true},
+		{"head longer than the room", &longKey, false},
+		{"no frame", &plain, false},
+	}
+	for _, tc := range cases {
+		entry := commandEntry(tc.c)
+		if entry[0] != entryCommand {
+			t.Fatalf("%s: entry kind %d", tc.name, entry[0])
+		}
+		// The body's bytes inside the entry: shared with the frame, or a copy.
+		at := len(entry) - len(body)
+		for ; at >= 0 && !bytes.Equal(entry[at:at+len(body)], body); at-- {
+		}
+		if at < 0 {
+			t.Fatalf("%s: body not in the entry", tc.name)
+		}
+		if shares := &entry[at] == &body[0]; shares != tc.shares {
+			t.Fatalf("%s: entry shares the frame: %v, want %v", tc.name, shares, tc.shares)
+		}
+		got, err := streamcore.DecodeCommand(entry[1:])
+		if err != nil || got.Key != tc.c.Key || !bytes.Equal(got.Body, body) || got.Producer.Seq != 99 {
+			t.Fatalf("%s: decode: %v", tc.name, err)
 		}
 	}
 }
