@@ -292,11 +292,14 @@ func newBench(c config) *bench {
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConns:        4096,
 		MaxIdleConnsPerHost: 4096,
-		IdleConnTimeout:     90 * time.Second,
-		DisableCompression:  true,
-		WriteBufferSize:     16 << 10,
-		ReadBufferSize:      16 << 10,
-		TLSClientConfig:     c.tls,
+		// Under the 5 s after which Node's HTTP server (the reference) closes an idle
+		// connection: a connection left idle between scenarios is dropped here first, not
+		// reused as the server closes it (a request sent on it meets a reset).
+		IdleConnTimeout:    4 * time.Second,
+		DisableCompression: true,
+		WriteBufferSize:    16 << 10,
+		ReadBufferSize:     16 << 10,
+		TLSClientConfig:    c.tls,
 	}
 	var rt http.RoundTripper = tr
 	if c.token != "" {
@@ -335,6 +338,9 @@ func (b *bench) create(u, contentType string) (string, error) {
 		return "", err
 	}
 	req.Header.Set("Content-Type", contentType)
+	// A create is idempotent: net/http may send it again on a fresh connection when a
+	// reused one turns out closed (a nil Idempotency-Key marks it so, and is not sent).
+	req.Header["Idempotency-Key"] = nil
 	resp, err := b.hc.Do(req)
 	if err != nil {
 		return "", err
