@@ -9,8 +9,8 @@ import (
 // fresh heap memory are expensive (measured 11.5 µs per 4 KiB page on this project's test
 // machines, against 0.7 µs when the kernel populates a whole mapping at once). Large
 // blocks therefore come from arenas: mappings populated up front and carved by a bump
-// allocator. An arena is unmapped by a cleanup once nothing references it; everything that
-// holds a block (a Buffer, a reader's Pin) holds its arena. BenchmarkAppendHandler: 22-25
+// allocator. A cleanup takes an arena back (pool or unmap) once nothing references it;
+// everything that holds a block (a Buffer, a reader's Pin) holds its arena. BenchmarkAppendHandler: 22-25
 // µs per 4 KiB append with arenas, 29-35 µs with heap blocks.
 
 const (
@@ -23,30 +23,31 @@ type arena struct {
 	off int
 }
 
-// Arenas freed are kept for reuse, up to maxFreeArenas: a node whose hot bytes go to the
-// cold tier frees arenas as fast as it fills them, and populating a fresh one costs the
-// kernel's zeroing and, on a virtual machine, the hypervisor's faults (13% of the CPU of
-// 1 MiB appends at 400 MB/s), where a reused one costs nothing. A reused arena is not
-// zeroed: a block is empty (length 0) and nothing reads past what was appended to it.
-// ReleaseArenas unmaps the kept ones (an idle node's memory return).
+// Ready arenas wait in a pool, newest on top: arenas freed (nothing references them any
+// more) and the one populated ahead of need. A node whose hot bytes go to the cold tier
+// frees arenas as fast as it fills them, and populating a fresh one costs the kernel's
+// zeroing and, on a virtual machine, the hypervisor's faults (13% of the CPU of 1 MiB
+// appends at 400 MB/s), where reusing one costs nothing; so up to maxFreeArenas freed ones
+// are kept. A reused arena is not zeroed: a block is empty (length 0) and nothing reads
+// past what was appended to it. ReleaseArenas unmaps the pool (an idle node's memory
+// return).
 const maxFreeArenas = 16
 
-var freeArenas [][]byte // guarded by arenaMu
-
 var (
-	arenaMu  sync.Mutex
-	arenaCur *arena
-	// arenaSpare is the next arena, populated in the background once the current one is
-	// taken: populating 8 MiB takes milliseconds (the kernel zeroes every page), which an
-	// append would otherwise wait for while it holds its partition's lock. arenaFilling
-	// is set while a goroutine prepares it.
-	arenaSpare   []byte
+	arenaMu    sync.Mutex
+	arenaCur   *arena
+	freeArenas [][]byte // the pool
+	// arenaFilling is set while a goroutine populates an arena ahead of need, started
+	// when the pool runs empty: populating 8 MiB takes milliseconds, which an append
+	// would otherwise wait for while it holds its partition's lock.
 	arenaFilling bool
 )
 
-// fillSpare populates the next arena (called with arenaMu held, at most one at a time).
-func fillSpare() {
-	if arenaSpare != nil || arenaFilling {
+// fillAhead populates an arena for the pool in the background when the pool is empty
+// (called with arenaMu held, at most one at a time). It goes to the bottom of the pool:
+// arenas freed since are reused first.
+func fillAhead() {
+	if len(freeArenas) > 0 || arenaFilling {
 		return
 	}
 	arenaFilling = true
@@ -56,7 +57,7 @@ func fillSpare() {
 		defer arenaMu.Unlock()
 		arenaFilling = false
 		if ok {
-			arenaSpare = mem
+			freeArenas = append([][]byte{mem}, freeArenas...)
 		}
 	}()
 }
@@ -75,9 +76,6 @@ func allocBlock(c int) ([]byte, *arena) {
 			mem = freeArenas[n-1]
 			freeArenas[n-1] = nil
 			freeArenas = freeArenas[:n-1]
-		} else {
-			mem = arenaSpare
-			arenaSpare = nil
 		}
 		if mem == nil {
 			var ok bool
@@ -88,9 +86,7 @@ func allocBlock(c int) ([]byte, *arena) {
 		a := &arena{mem: mem}
 		runtime.AddCleanup(a, recycle, mem)
 		arenaCur = a
-		if len(freeArenas) == 0 {
-			fillSpare()
-		}
+		fillAhead()
 	}
 	a := arenaCur
 	blk := a.mem[a.off : a.off : a.off+c]
@@ -112,16 +108,11 @@ func recycle(mem []byte) {
 	}
 }
 
-// ReleaseArenas unmaps the arenas kept for reuse and the spare, and returns how many bytes
-// that gave back to the OS.
+// ReleaseArenas unmaps the pool and returns how many bytes that gave back to the OS.
 func ReleaseArenas() int {
 	arenaMu.Lock()
 	free := freeArenas
 	freeArenas = nil
-	if arenaSpare != nil {
-		free = append(free, arenaSpare)
-		arenaSpare = nil
-	}
 	arenaMu.Unlock()
 	n := 0
 	for _, mem := range free {
@@ -131,7 +122,7 @@ func ReleaseArenas() int {
 	return n
 }
 
-// freeArenaCount is how many arenas are kept for reuse (tests).
+// freeArenaCount is how many arenas the pool holds (tests).
 func freeArenaCount() int {
 	arenaMu.Lock()
 	defer arenaMu.Unlock()
