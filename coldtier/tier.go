@@ -281,10 +281,10 @@ func (c *Tier) WaitUnderHotCap(ctx context.Context, key string, bodyLen int) boo
 	if c == nil || c.cfg.HotCapWait() <= 0 {
 		return !c.OverHotCap(key, bodyLen)
 	}
-	wait := c.cfg.HotCapWait()
-	t := time.NewTimer(wait)
-	defer t.Stop()
+	// The wait runs from the moment the write is first held, the same instant the held
+	// time is counted from, so a refused write is reported as held the whole wait.
 	var heldAt time.Time // when the write first had to wait (zero: it never did)
+	var expired <-chan time.Time
 	defer func() {
 		if !heldAt.IsZero() {
 			c.heldNanos.Add(uint64(time.Since(heldAt)))
@@ -298,10 +298,13 @@ func (c *Tier) WaitUnderHotCap(ctx context.Context, key string, bodyLen int) boo
 		if heldAt.IsZero() {
 			heldAt = time.Now()
 			c.heldWrites.Add(1)
+			t := time.NewTimer(c.cfg.HotCapWait())
+			defer t.Stop()
+			expired = t.C
 		}
 		select {
 		case <-done:
-		case <-t.C:
+		case <-expired:
 			return false
 		case <-ctx.Done():
 			return false

@@ -277,6 +277,13 @@ func TestColdBackpressureWait(t *testing.T) {
 		res, body := coldDo(t, "POST", env.url("/bkt1/w"), pattern(128<<10, 64<<10), "Content-Type", "application/octet-stream")
 		got <- answer{res, body}
 	}()
+	// The held time counts from when the server first holds the write; wait for that,
+	// then hold it 300ms more, so the counter below has a bound the test knows.
+	for deadline := time.Now().Add(10 * time.Second); env.srv.ColdStats().BackpressureHeld == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the write over the cap was never held")
+		}
+	}
 	select {
 	case a := <-got:
 		t.Fatalf("the write over the cap was answered while the flush was held: %d %s", a.res.StatusCode, a.body)
