@@ -40,6 +40,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"sync"
@@ -246,13 +247,8 @@ func Open(cfg Config) (*Engine, error) {
 	if err := e.openLifecycle(single); err != nil {
 		return nil, err
 	}
-	for i := range cfg.GroupCount {
-		g, err := e.openGroup(uint64(i))
-		if err != nil {
-			e.Close()
-			return nil, fmt.Errorf("raftengine: group %d: %w", i, err)
-		}
-		e.groups = append(e.groups, g)
+	if err := e.openGroups(); err != nil {
+		return nil, err
 	}
 	e.afterOpen()
 	e.wg.Add(2)
@@ -260,6 +256,48 @@ func Open(cfg Config) (*Engine, error) {
 	go e.lifecycleLoop()
 	e.startDiskWatch()
 	return e, nil
+}
+
+// openGroups opens every group, as many at once as the process has CPUs: opening a
+// group restores its newest snapshot inside raft.NewRaft (read, check, decode into
+// stream memory), which is CPU work of the group alone, and on a node holding gigabytes
+// one group after the other left all but one core idle for most of a restart. The
+// replays of logged entries that follow still take turns (startscan.go).
+func (e *Engine) openGroups() error {
+	n := e.cfg.GroupCount
+	groups := make([]*group, n)
+	errs := make([]error, n)
+	next := make(chan int, n)
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	var wg sync.WaitGroup
+	for range min(n, max(1, runtime.GOMAXPROCS(0))) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				if groups[i], errs[i] = e.openGroup(uint64(i)); errs[i] != nil {
+					return // the others finish theirs; the engine closes below
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			for _, g := range groups {
+				if g != nil {
+					e.groups = append(e.groups, g)
+				}
+			}
+			e.Close()
+			return fmt.Errorf("raftengine: group %d: %w", i, err)
+		}
+	}
+	e.groups = groups
+	return nil
 }
 
 func serverID(id uint64) raft.ServerID { return raft.ServerID(strconv.FormatUint(id, 10)) }
