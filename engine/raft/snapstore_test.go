@@ -60,12 +60,14 @@ func TestSnapshotPagesDropped(t *testing.T) {
 	}
 }
 
-// TestSnapshotOpenVerifies: the store reads a snapshot in one pass and gives the bytes
-// raft's own file store gives; a damaged or short state file fails before its last bytes
-// are handed out, whatever the reader's buffer size.
+// TestSnapshotOpenVerifies: a snapshot written by the store (CRC-32C) and one written by
+// raft's own file store (CRC-64, as earlier builds did) both read back whole in one pass,
+// with the metadata raft's store lists; a damaged or short state file fails before its
+// last bytes are handed out, whatever the reader's buffer size; a half-written snapshot
+// left by a crash is removed when the store opens.
 func TestSnapshotOpenVerifies(t *testing.T) {
 	dir := t.TempDir()
-	s, err := newSnapshotStore(dir, 2, io.Discard)
+	s, err := newSnapshotStore(dir, 3, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,59 +76,99 @@ func TestSnapshotOpenVerifies(t *testing.T) {
 		data[i] = byte(i*7 + i>>11)
 	}
 	_, trans := raft.NewInmemTransport("a")
-	sink, err := s.Create(raft.SnapshotVersionMax, 42, 3, raft.Configuration{}, 1, trans)
-	if err != nil {
-		t.Fatal(err)
+	conf := raft.Configuration{Servers: []raft.Server{{Suffrage: raft.Voter, ID: "1", Address: "a"}}}
+	write := func(create func(raft.SnapshotVersion, uint64, uint64, raft.Configuration, uint64, raft.Transport) (raft.SnapshotSink, error), index uint64) string {
+		sink, err := create(raft.SnapshotVersionMax, index, 3, conf, 1, trans)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sink.Write(data); err != nil {
+			t.Fatal(err)
+		}
+		if err := sink.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return sink.ID()
 	}
-	if _, err := sink.Write(data); err != nil {
-		t.Fatal(err)
+	old := write(s.FileSnapshotStore.Create, 41) // raft's own sink: CRC-64
+	id := write(s.Create, 42)
+	metas, err := s.List()
+	if err != nil || len(metas) != 2 || metas[0].ID != id || metas[1].ID != old {
+		t.Fatalf("raft's store lists %v (%v), want %s then %s", metas, err, id, old)
 	}
-	if err := sink.Close(); err != nil {
-		t.Fatal(err)
-	}
-	id := sink.ID()
-	wantMeta, rc, err := s.FileSnapshotStore.Open(id) // raft's own reading, for comparison
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc.Close()
-	readAll := func(buf int) ([]byte, error) {
+	readAll := func(id string, buf int) ([]byte, error) {
 		meta, rc, err := s.Open(id)
 		if err != nil {
 			return nil, err
 		}
 		defer rc.Close()
-		if meta.ID != wantMeta.ID || meta.Index != 42 || meta.Term != 3 || meta.Size != wantMeta.Size {
-			t.Fatalf("meta %+v, raft's store says %+v", meta, wantMeta)
+		if meta.ID != id || meta.Term != 3 || meta.Size != int64(len(data)) || meta.ConfigurationIndex != 1 ||
+			len(meta.Configuration.Servers) != 1 || meta.Configuration.Servers[0].ID != "1" {
+			t.Fatalf("meta %+v", meta)
 		}
 		var out bytes.Buffer
 		_, err = io.CopyBuffer(struct{ io.Writer }{&out}, struct{ io.Reader }{rc}, make([]byte, buf))
 		return out.Bytes(), err
 	}
-	for _, buf := range []int{1, 4096, 1 << 20, len(data) + 1} {
-		if got, err := readAll(buf); err != nil || !bytes.Equal(got, data) {
-			t.Fatalf("buffer %d: %d bytes, %v", buf, len(got), err)
+	for _, sid := range []string{id, old} {
+		for _, buf := range []int{1, 4096, 1 << 20, len(data) + 1} {
+			if got, err := readAll(sid, buf); err != nil || !bytes.Equal(got, data) {
+				t.Fatalf("%s, buffer %d: %d bytes, %v", sid, buf, len(got), err)
+			}
 		}
 	}
-	state := filepath.Join(dir, "snapshots", id, "state.bin")
-	damaged := bytes.Clone(data)
-	damaged[len(damaged)/2] ^= 1
-	if err := os.WriteFile(state, damaged, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for _, buf := range []int{4096, len(data) + 1} {
-		got, err := readAll(buf)
-		if err == nil || len(got) >= len(data) {
-			t.Fatalf("damaged snapshot, buffer %d: %d of %d bytes handed out, err %v", buf, len(got), len(data), err)
+	for _, sid := range []string{id, old} {
+		state := filepath.Join(dir, "snapshots", sid, "state.bin")
+		damaged := bytes.Clone(data)
+		damaged[len(damaged)/2] ^= 1
+		if err := os.WriteFile(state, damaged, 0o644); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if err := os.WriteFile(state, data[:len(data)-1], 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if got, err := readAll(4096); err == nil {
-		t.Fatalf("short snapshot read without error (%d bytes)", len(got))
+		for _, buf := range []int{4096, len(data) + 1} {
+			got, err := readAll(sid, buf)
+			if err == nil || len(got) >= len(data) {
+				t.Fatalf("damaged snapshot %s, buffer %d: %d of %d bytes handed out, err %v", sid, buf, len(got), len(data), err)
+			}
+		}
+		if err := os.WriteFile(state, data[:len(data)-1], 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := readAll(sid, 4096); err == nil {
+			t.Fatalf("short snapshot %s read without error (%d bytes)", sid, len(got))
+		}
 	}
 	if _, _, err := s.Open("no-such-snapshot"); err == nil {
 		t.Fatal("opened a snapshot that does not exist")
+	}
+
+	// A crash in the middle of a snapshot leaves its .tmp directory; a cancelled one
+	// leaves nothing.
+	sink, err := s.Create(raft.SnapshotVersionMax, 43, 3, conf, 1, trans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink.Write(data)
+	cancelled, err := s.Create(raft.SnapshotVersionMax, 44, 3, conf, 1, trans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cancelled.Cancel(); err != nil {
+		t.Fatal(err)
+	}
+	tmps, _ := filepath.Glob(filepath.Join(dir, "snapshots", "*.tmp"))
+	if len(tmps) != 1 {
+		t.Fatalf("unfinished snapshots on disk: %v, want the one left open", tmps)
+	}
+	if _, err := newSnapshotStore(dir, 3, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if tmps, _ := filepath.Glob(filepath.Join(dir, "snapshots", "*.tmp")); len(tmps) != 0 {
+		t.Fatalf("the store opened and left %v", tmps)
+	}
+	if metas, err := s.List(); err != nil || len(metas) != 2 {
+		t.Fatalf("after the restart raft's store lists %v (%v)", metas, err)
+	}
+	if _, err := s.Create(2, 45, 3, conf, 1, trans); err == nil {
+		t.Fatal("created a snapshot of version 2")
 	}
 }
