@@ -265,6 +265,14 @@ func Open(cfg Config) (*Engine, error) {
 // replays of logged entries that follow still take turns (startscan.go).
 func (e *Engine) openGroups() error {
 	n := e.cfg.GroupCount
+	if e.cfg.Dir != "" {
+		// Before any group opens: one opened on a data directory of another count would
+		// bootstrap groups its journal then keeps for good.
+		if err := checkGroupCount(e.cfg.Dir, n); err != nil {
+			e.Close()
+			return fmt.Errorf("raftengine: group 0: %w", err)
+		}
+	}
 	groups := make([]*group, n)
 	errs := make([]error, n)
 	next := make(chan int, n)
@@ -316,11 +324,6 @@ func (e *Engine) openGroup(id uint64) (*group, error) {
 	g.logs = logs
 	var snaps raft.SnapshotStore
 	if e.cfg.Dir != "" {
-		if id == 0 {
-			if err := checkGroupCount(e.cfg.Dir, e.cfg.GroupCount); err != nil {
-				return nil, err
-			}
-		}
 		dir := filepath.Join(e.cfg.Dir, fmt.Sprintf("g%04d", id))
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, err

@@ -7,6 +7,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -253,4 +256,50 @@ func threeVoters(t *testing.T) []*Engine {
 		waitReady(t, e)
 	}
 	return es
+}
+
+// TestGroupCountFixed: a data directory written with one group count refuses another,
+// before any group opens (none of the extra groups is bootstrapped into the journal),
+// and still opens with its own count.
+func TestGroupCountFixed(t *testing.T) {
+	dir := t.TempDir()
+	open := func(n int) (*Engine, func(), error) {
+		stores, l := nodelogStores(t, dir+"/wal")
+		e, err := Open(Config{NodeID: 1, GroupCount: n, Dir: dir + "/raft", Stores: stores, RaftLog: io.Discard})
+		if err != nil {
+			l.Close()
+			return nil, nil, err
+		}
+		return e, func() { e.Close(); l.Close() }, nil
+	}
+	e, closeAll, err := open(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, e)
+	closeAll()
+	if _, _, err := open(4); err == nil || !strings.Contains(err.Error(), "cannot change") {
+		t.Fatalf("opened a 2-group directory with 4 groups: %v", err)
+	}
+	for _, g := range []string{"g0002", "g0003"} {
+		if _, err := os.Stat(filepath.Join(dir, "raft", g)); !os.IsNotExist(err) {
+			t.Fatalf("the refused open made %s (%v)", g, err)
+		}
+	}
+	l, err := raftlog.Open(dir+"/wal", raftlog.Options{Fsync: raftlog.FsyncNever, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for g := uint64(2); g < 4; g++ {
+		if last, _ := l.Group(g).LastIndex(); last != 0 {
+			t.Fatalf("the refused open wrote group %d's log up to %d", g, last)
+		}
+	}
+	l.Close()
+	e, closeAll, err = open(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll()
+	waitReady(t, e)
 }
