@@ -94,15 +94,22 @@ func (s *startScanLog) disarm() {
 	s.mu.Lock()
 	s.armed = false
 	s.replay = true
+	if s.first > s.last {
+		s.finished = true // the snapshot covers the whole log: nothing to replay
+	}
 	s.mu.Unlock()
 }
 
 // replayRead is called around every read of the replay: before (done false) it takes
 // the turn if needed, after (done true) it gives the turn back after the last entry.
+// Only reads past the snapshot (first up to last) are the replay: an entry the snapshot
+// covers is read for other reasons (something looked at the log's first entry after a
+// restore), and taking the turn there held it for good, since no read of last followed:
+// every other group then waited replayTurnWait (30 s) before its own replay.
 func (s *startScanLog) replayRead(index uint64, done bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.turn == nil || !s.replay || s.finished || index > s.last {
+	if s.turn == nil || !s.replay || s.finished || index > s.last || index < s.first {
 		return
 	}
 	switch {

@@ -237,6 +237,68 @@ func TestReplayTurn(t *testing.T) {
 	}
 }
 
+// TestReplayTurnAfterSnapshot: reads of entries a snapshot covers are not the replay.
+// A restored group whose snapshot covers its whole log replays nothing and never takes
+// the turn (it used to, on a read of its first entry, and kept it: every other group then
+// waited 30 s); one with entries past its snapshot takes it for those only.
+func TestReplayTurnAfterSnapshot(t *testing.T) {
+	turn := make(chan struct{}, 1)
+	stop := make(chan struct{})
+	defer close(stop)
+	open := func(snapAt uint64) *startScanLog {
+		t.Helper()
+		j := &scanJournal{InmemStore: raft.NewInmemStore()}
+		for i := uint64(1); i <= 6; i++ {
+			j.StoreLog(&raft.Log{Index: i, Term: 1, Data: []byte("x")})
+		}
+		sized, err := newSizedLog(j, j)
+		if err != nil {
+			t.Fatal(err)
+		}
+		snaps := raft.NewInmemSnapshotStore()
+		_, trans := raft.NewInmemTransport("a")
+		sink, err := snaps.Create(raft.SnapshotVersionMax, snapAt, 1, raft.Configuration{}, 1, trans)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sink.Write([]byte("state"))
+		if err := sink.Close(); err != nil {
+			t.Fatal(err)
+		}
+		s, err := newStartScanLog(sized, j, snaps, turn, stop)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.disarm()
+		return s
+	}
+	read := func(s *startScanLog, i uint64) {
+		t.Helper()
+		var e raft.Log
+		if err := s.GetLog(i, &e); err != nil || e.Data == nil {
+			t.Fatalf("GetLog(%d) = %v, data %q", i, err, e.Data)
+		}
+	}
+	whole := open(6)
+	read(whole, 1) // raft reads no further: a turn taken here would never be given back
+	if len(turn) != 0 || whole.holding || !whole.finished {
+		t.Fatalf("a group with nothing to replay: turn taken %d, holding %v, finished %v", len(turn), whole.holding, whole.finished)
+	}
+	part := open(4)
+	read(part, 2) // covered by the snapshot
+	if len(turn) != 0 || part.holding {
+		t.Fatal("a read below the snapshot took the turn")
+	}
+	read(part, 5)
+	if len(turn) != 1 || !part.holding {
+		t.Fatal("the first entry past the snapshot did not take the turn")
+	}
+	read(part, 6)
+	if len(turn) != 0 || part.holding {
+		t.Fatal("the last entry did not give the turn back")
+	}
+}
+
 // TestReadSnapshot: the whole snapshot comes back whatever the hint (exact, short, long,
 // none), and a read error is returned.
 func TestReadSnapshot(t *testing.T) {
