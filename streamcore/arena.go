@@ -10,8 +10,9 @@ import (
 // machines, against 0.7 µs when the kernel populates a whole mapping at once). Large
 // blocks therefore come from arenas: mappings populated up front and carved by a bump
 // allocator. A cleanup takes an arena back (pool or unmap) once nothing references it;
-// everything that holds a block (a Buffer, a reader's Pin) holds its arena. BenchmarkAppendHandler: 22-25
-// µs per 4 KiB append with arenas, 29-35 µs with heap blocks.
+// everything that holds a block (a Buffer, a reader's Pin) holds its arena.
+// BenchmarkAppendHandler: 22-25 µs per 4 KiB append with arenas, 29-35 µs with heap
+// blocks.
 
 const (
 	arenaSize     = 8 << 20

@@ -147,6 +147,35 @@ func TestJournalIndexBehindLogCache(t *testing.T) {
 	}
 }
 
+// replayLog is a group's start-scan log over entries 1 to 6 with snaps as its snapshots,
+// as raft.NewRaft leaves it (disarmed), taking turns on turn.
+func replayLog(t *testing.T, snaps raft.SnapshotStore, turn chan struct{}, stop <-chan struct{}) *startScanLog {
+	t.Helper()
+	j := &scanJournal{InmemStore: raft.NewInmemStore()}
+	for i := uint64(1); i <= 6; i++ {
+		j.StoreLog(&raft.Log{Index: i, Term: 1, Data: []byte("x")})
+	}
+	sized, err := newSizedLog(j, j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := newStartScanLog(sized, j, snaps, turn, stop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.disarm() // NewRaft returned
+	return s
+}
+
+// readEntry reads entry i whole through s.
+func readEntry(t *testing.T, s *startScanLog, i uint64) {
+	t.Helper()
+	var e raft.Log
+	if err := s.GetLog(i, &e); err != nil || e.Data == nil {
+		t.Fatalf("GetLog(%d) = %v, data %q", i, err, e.Data)
+	}
+}
+
 // TestReplayTurn: after NewRaft, a group takes the node's replay turn at its first
 // replayed read and gives it back after reading the log's last entry at open; a group
 // waiting for it gives up when the engine stops.
@@ -155,28 +184,9 @@ func TestReplayTurn(t *testing.T) {
 	stop := make(chan struct{})
 	open := func(stop <-chan struct{}) *startScanLog {
 		t.Helper()
-		j := &scanJournal{InmemStore: raft.NewInmemStore()}
-		for i := uint64(1); i <= 6; i++ {
-			j.StoreLog(&raft.Log{Index: i, Term: 1, Data: []byte("x")})
-		}
-		sized, err := newSizedLog(j, j)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := newStartScanLog(sized, j, raft.NewInmemSnapshotStore(), turn, stop)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.disarm() // NewRaft returned
-		return s
+		return replayLog(t, raft.NewInmemSnapshotStore(), turn, stop)
 	}
-	read := func(s *startScanLog, i uint64) {
-		t.Helper()
-		var e raft.Log
-		if err := s.GetLog(i, &e); err != nil || e.Data == nil {
-			t.Fatalf("GetLog(%d) = %v, data %q", i, err, e.Data)
-		}
-	}
+	read := func(s *startScanLog, i uint64) { t.Helper(); readEntry(t, s, i) }
 	a, b := open(stop), open(stop)
 	read(a, 1)
 	if len(turn) != 1 || !a.holding {
@@ -247,14 +257,6 @@ func TestReplayTurnAfterSnapshot(t *testing.T) {
 	defer close(stop)
 	open := func(snapAt uint64) *startScanLog {
 		t.Helper()
-		j := &scanJournal{InmemStore: raft.NewInmemStore()}
-		for i := uint64(1); i <= 6; i++ {
-			j.StoreLog(&raft.Log{Index: i, Term: 1, Data: []byte("x")})
-		}
-		sized, err := newSizedLog(j, j)
-		if err != nil {
-			t.Fatal(err)
-		}
 		snaps := raft.NewInmemSnapshotStore()
 		_, trans := raft.NewInmemTransport("a")
 		sink, err := snaps.Create(raft.SnapshotVersionMax, snapAt, 1, raft.Configuration{}, 1, trans)
@@ -265,20 +267,9 @@ func TestReplayTurnAfterSnapshot(t *testing.T) {
 		if err := sink.Close(); err != nil {
 			t.Fatal(err)
 		}
-		s, err := newStartScanLog(sized, j, snaps, turn, stop)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.disarm()
-		return s
+		return replayLog(t, snaps, turn, stop)
 	}
-	read := func(s *startScanLog, i uint64) {
-		t.Helper()
-		var e raft.Log
-		if err := s.GetLog(i, &e); err != nil || e.Data == nil {
-			t.Fatalf("GetLog(%d) = %v, data %q", i, err, e.Data)
-		}
-	}
+	read := func(s *startScanLog, i uint64) { t.Helper(); readEntry(t, s, i) }
 	whole := open(6)
 	read(whole, 1) // raft reads no further: a turn taken here would never be given back
 	if len(turn) != 0 || whole.holding || !whole.finished {
