@@ -109,6 +109,10 @@ static int uTruncate(sqlite3_file *f, sqlite3_int64 size) {
 
 static int uSync(sqlite3_file *f, int flags) {
   UFile *u = (UFile *)f;
+  /* The stream, not the -wal file, makes a commit durable (see walFile.Sync in vfs):
+     under synchronous=FULL, the default of most SQLite builds, SQLite would sync the
+     WAL on every commit (Python, one-row commits: p50 503-548 us before, 293-318 after). */
+  if (u->kind == URSULA_FILE_WAL) return SQLITE_OK;
   return u->real->pMethods->xSync(u->real, flags);
 }
 

@@ -173,6 +173,15 @@ func (w *walFile) WriteAt(p []byte, off int64) (int, error) {
 	return n, nil
 }
 
+// Sync does not reach the disk: the stream, not the -wal file, makes a commit durable
+// (README, "Local files are a cache"). On the same boot a crashed process finds its
+// writes in the page cache; after a reboot or power loss the sidecar's boot id no longer
+// matches and the local files are rebuilt from the stream. This binding's SQLite syncs
+// the WAL only before a checkpoint (WAL mode defaults to synchronous=NORMAL here); the
+// extension's twin (cextension/shim.c) spares most SQLite builds, whose default FULL
+// syncs it on every commit. The database file keeps its syncs (a checkpoint's).
+func (w *walFile) Sync(flags sqlvfs.SyncFlag) error { return nil }
+
 func (w *walFile) Truncate(size int64) error {
 	w.wal.Truncate()
 	return w.File.Truncate(size)

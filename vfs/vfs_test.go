@@ -15,6 +15,7 @@ import (
 	"github.com/ursula-go/ursula/internal/testserver"
 
 	"github.com/ncruces/go-sqlite3/driver"
+	sqlvfs "github.com/ncruces/go-sqlite3/vfs"
 
 	"github.com/ursula-go/ursula/client"
 	"github.com/ursula-go/ursula/replicator"
@@ -315,4 +316,30 @@ func TestResumeAndRebuild(t *testing.T) {
 	reopen("rebuilt", 23)
 
 	reopen("resumed", 24)
+}
+
+// syncCounter is a file that counts the syncs that reach it.
+type syncCounter struct {
+	sqlvfs.File
+	syncs int
+}
+
+func (f *syncCounter) Sync(sqlvfs.SyncFlag) error { f.syncs++; return nil }
+
+// TestWALSyncStaysLocal: a sync of an owner's -wal file, which SQLite issues on every
+// commit under its default synchronous=FULL, never reaches the file (DESIGN: nothing on
+// the commit path fsyncs local files); the database file's syncs still do.
+func TestWALSyncStaysLocal(t *testing.T) {
+	wal, db := &syncCounter{}, &syncCounter{}
+	for _, flag := range []sqlvfs.SyncFlag{sqlvfs.SYNC_NORMAL, sqlvfs.SYNC_FULL, sqlvfs.SYNC_DATAONLY} {
+		if err := (&walFile{File: wal}).Sync(flag); err != nil {
+			t.Fatal(err)
+		}
+		if err := (&dbFile{File: db}).Sync(flag); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if wal.syncs != 0 || db.syncs != 3 {
+		t.Fatalf("syncs reaching the files: wal %d (want 0), db %d (want 3)", wal.syncs, db.syncs)
+	}
 }
