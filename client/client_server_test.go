@@ -5,6 +5,9 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
+	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -289,5 +292,58 @@ func TestClientSubscriptionCloseWhileBlocked(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Close did not end a blocked Next")
+	}
+}
+
+// writeCounter counts the writes that reach a connection.
+type writeCounter struct {
+	net.Conn
+	writes *atomic.Int64
+}
+
+func (c writeCounter) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+// TestAppendIsOneWrite: an append of a body up to about 30 KB leaves in one write, head
+// and body together. net/http flushes the head on its own first when it cannot tell the body is in
+// memory, which costs a second write and wakes the server twice per commit.
+func TestAppendIsOneWrite(t *testing.T) {
+	ts := testserver.Start(t, testserver.Options{ClusterID: "client-test"})
+	var writes atomic.Int64
+	tr := client.NewTransport()
+	dial := tr.DialContext
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return writeCounter{c, &writes}, nil
+	}
+	c, err := client.New(ts.URL, client.WithHTTPClient(&http.Client{Transport: tr}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := ts.URL + "/bucket/onewrite"
+	if _, err := c.Create(context.Background(), u, client.CreateOptions{ContentType: "application/octet-stream"}); err != nil {
+		t.Fatal(err)
+	}
+	var off uint64
+	for seq := uint64(0); seq < 6; seq++ {
+		body := bytes.Repeat([]byte("x"), []int{100, 1000, 5000, 12000, 30000, 1000}[seq])
+		before := writes.Load()
+		wr, err := c.Append(context.Background(), u, body, client.AppendOptions{ContentType: "application/octet-stream",
+			Producer: &client.ProducerKey{ID: "p", Seq: seq}, Digest: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		off += uint64(len(body))
+		if wr.NextOffset != streamcore.FormatOffset(off) {
+			t.Fatalf("append %d: next offset %s", seq, wr.NextOffset)
+		}
+		if n := writes.Load() - before; n != 1 {
+			t.Fatalf("append %d took %d writes, want 1", seq, n)
+		}
 	}
 }
