@@ -293,18 +293,17 @@ func (e *Engine) openGroups() error {
 		}()
 	}
 	wg.Wait()
+	for _, g := range groups {
+		if g != nil {
+			e.groups = append(e.groups, g) // all of them, in order, unless one failed
+		}
+	}
 	for i, err := range errs {
 		if err != nil {
-			for _, g := range groups {
-				if g != nil {
-					e.groups = append(e.groups, g)
-				}
-			}
 			e.Close()
 			return fmt.Errorf("raftengine: group %d: %w", i, err)
 		}
 	}
-	e.groups = groups
 	return nil
 }
 

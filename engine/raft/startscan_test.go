@@ -73,14 +73,7 @@ func TestStartScanLog(t *testing.T) {
 				}
 				sink.Close()
 			}
-			sized, err := newSizedLog(j, j)
-			if err != nil {
-				t.Fatal(err)
-			}
-			s, err := newStartScanLog(sized, j, snaps, nil, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			s := scanLog(t, j, snaps, nil, nil)
 			var bodiless []uint64
 			for _, i := range c.calls {
 				var e raft.Log
@@ -155,6 +148,14 @@ func replayLog(t *testing.T, snaps raft.SnapshotStore, turn chan struct{}, stop 
 	for i := uint64(1); i <= 6; i++ {
 		j.StoreLog(&raft.Log{Index: i, Term: 1, Data: []byte("x")})
 	}
+	s := scanLog(t, j, snaps, turn, stop)
+	s.disarm() // NewRaft returned
+	return s
+}
+
+// scanLog is the start-scan log over j as openGroup builds it (a sized log over j).
+func scanLog(t *testing.T, j *scanJournal, snaps raft.SnapshotStore, turn chan struct{}, stop <-chan struct{}) *startScanLog {
+	t.Helper()
 	sized, err := newSizedLog(j, j)
 	if err != nil {
 		t.Fatal(err)
@@ -163,7 +164,6 @@ func replayLog(t *testing.T, snaps raft.SnapshotStore, turn chan struct{}, stop 
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.disarm() // NewRaft returned
 	return s
 }
 
