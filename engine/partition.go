@@ -19,6 +19,7 @@ type Partition struct {
 	state    *streamcore.State
 	watchers map[string]chan struct{}
 	hot      atomic.Int64
+	hotFreed atomic.Uint64 // every fall of hot, summed (never decreases)
 }
 
 // NewPartition returns a partition holding st.
@@ -46,8 +47,15 @@ func (p *Partition) ReplaceStateLocked(st *streamcore.State) {
 func (p *Partition) ApplyLocked(c *streamcore.Command) streamcore.Result {
 	before := p.hotOfLocked(c.Key)
 	res := p.state.Apply(c)
-	p.hot.Add(p.hotOfLocked(c.Key) - before)
+	p.addHot(p.hotOfLocked(c.Key) - before)
 	return res
+}
+
+func (p *Partition) addHot(d int64) {
+	p.hot.Add(d)
+	if d < 0 {
+		p.hotFreed.Add(uint64(-d))
+	}
 }
 
 func (p *Partition) hotOfLocked(key string) int64 {
@@ -65,7 +73,9 @@ func (p *Partition) RecountHotLocked() {
 	for _, s := range p.state.Streams {
 		n += int64(s.Tail() - s.Data.Base())
 	}
-	p.hot.Store(n)
+	if old := p.hot.Swap(n); n < old {
+		p.hotFreed.Add(uint64(old - n))
+	}
 }
 
 // TakeWatcherLocked removes and returns the channel of readers waiting on key (nil when
@@ -134,6 +144,10 @@ func (p *Partition) Count() (streams int, bytes uint64) {
 
 // HotBytes is the unflushed payload of the partition's streams (O(1)).
 func (p *Partition) HotBytes() int64 { return p.hot.Load() }
+
+// HotFreed is how many hot bytes the partition has let go of so far (a cold flush, a
+// trim, a delete), summed: it changes whenever HotBytes fell, however briefly it was up.
+func (p *Partition) HotFreed() uint64 { return p.hotFreed.Load() }
 
 // HotStreams lists the live streams with hot bytes at now, most hot bytes first.
 func (p *Partition) HotStreams(now int64) []HotStream {

@@ -73,7 +73,9 @@ func (e *Engine) diskWatchLoop() {
 	defer e.wg.Done()
 	t := time.NewTicker(diskWatchTick)
 	defer t.Stop()
-	hot := make([]int64, len(e.groups))
+	// freed: each group's HotFreed as last seen. Hot bytes that arrived and were flushed
+	// between two ticks leave HotBytes where it was, but not HotFreed.
+	freed := make([]uint64, len(e.groups))
 	owed := make([]bool, len(e.groups)) // hot bytes fell and no trim succeeded since
 	// dirty: a trim failed or ran while the disk was under pressure (its compaction may
 	// have freed nothing), so "nothing new to snapshot" does not end the debt: the next
@@ -82,7 +84,7 @@ func (e *Engine) diskWatchLoop() {
 	lastTrim := make([]time.Time, len(e.groups))
 	lastMove := make([]time.Time, len(e.groups))
 	for i, g := range e.groups {
-		hot[i] = g.HotBytes()
+		freed[i] = g.HotFreed()
 	}
 	for {
 		select {
@@ -92,11 +94,9 @@ func (e *Engine) diskWatchLoop() {
 		}
 		e.checkPressure(lastMove)
 		for i, g := range e.groups {
-			h := g.HotBytes()
-			if h < hot[i] {
-				owed[i] = true
+			if f := g.HotFreed(); f != freed[i] {
+				owed[i], freed[i] = true, f
 			}
-			hot[i] = h
 			if owed[i] && time.Since(lastTrim[i]) >= trimMinEvery {
 				pressure := e.DiskPressure() != ""
 				if !pressure && !dirty[i] && !g.trimWorthIt(e.cfg.TrimLogRatio) {
