@@ -109,10 +109,10 @@ soak: build extension faultproxy
 	URSULA_FAULT_COMMITS=$(SOAK_COMMITS) $(GO) test -race -count=1 -timeout 60m -run '^TestMixedFaultsNeverDiverge$$' -v ./vfs/ | grep -vE '^sqlite-ursula-vfs '
 	cd bindings/python/tests && URSULA_FAULT_COMMITS=$(SOAK_COMMITS) URSULA_BIN=$(CURDIR)/$(BIN)/ursula URSULA_VFS_EXTENSION=$(CURDIR)/$(BIN)/libursula_vfs.so /usr/bin/python3 -m unittest -v test_sqlite_ursula.MixedFaultTest
 
-## fuzz: run every fuzz target for FUZZTIME each
+## fuzz: run every fuzz target (every package with a func Fuzz in a test file) for FUZZTIME each
 FUZZTIME ?= 20s
 fuzz:
-	@for pkg in ./streamcore ./server ./replicator ./raftlog; do \
+	@for pkg in $$(grep -rl '^func Fuzz' --include='*_test.go' . | xargs -n1 dirname | sort -u); do \
 	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
 	    echo "== $$pkg $$f"; $(GO) test $$pkg -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) || exit 1; \
 	  done; \

@@ -7,7 +7,7 @@ import (
 	"runtime"
 	"strings"
 
-	"lukechampine.com/blake3"
+	"github.com/ursula-go/ursula/internal/blake3seq"
 
 	"github.com/ursula-go/ursula/streamcore"
 )
@@ -91,7 +91,7 @@ func (s *Server) handleImmutable(w http.ResponseWriter, r *http.Request, t *targ
 // ETag are byte-for-byte and type-for-type the same. A chunk marked immutable ends below
 // the tail, so closing the stream later does not change its ETag.
 func chunkETag(inc, start, end uint64, kind, contentType string, body [][]byte) string {
-	hs := blake3.New(32, nil)
+	hs := blake3seq.New()
 	var n [8]byte
 	binary.LittleEndian.PutUint64(n[:], uint64(len(contentType)))
 	hs.Write(n[:])

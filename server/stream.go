@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"strconv"
 
-	"lukechampine.com/blake3"
+	"github.com/ursula-go/ursula/internal/blake3seq"
 
 	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/streamcore"
@@ -181,7 +181,7 @@ func (s *Server) handleAppend(w http.ResponseWriter, r *http.Request, t *target)
 	}
 	c.BodyFrame = bodyFrameOf(w) // used only if stored is the body as read
 	if ph != nil && ph.Digest != "" {
-		sum := blake3.Sum256(body)
+		sum := blake3seq.Sum256(body)
 		c.DigestBad = hex.EncodeToString(sum[:]) != ph.Digest
 	}
 	if e := s.coldAdmit(r.Context(), t.key, len(stored)); e != nil {

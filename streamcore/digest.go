@@ -4,12 +4,12 @@ import (
 	"encoding/hex"
 	"hash"
 
-	"lukechampine.com/blake3"
+	"github.com/ursula-go/ursula/internal/blake3seq"
 )
 
 // ProducerDigestOf is the Producer-Digest of a body: lowercase hex BLAKE3-256 (checklist 10.20).
 func ProducerDigestOf(body []byte) string {
-	sum := blake3.Sum256(body)
+	sum := blake3seq.Sum256(body)
 	return hex.EncodeToString(sum[:])
 }
 
@@ -24,7 +24,7 @@ func SnapshotDigestOf(contentType string, body []byte) string {
 // NewSnapshotDigest returns a hash to which a snapshot body is written piece by piece, so a
 // body too large to hold is digested as it streams; hex of its Sum is SnapshotDigestOf.
 func NewSnapshotDigest(contentType string) hash.Hash {
-	h := blake3.New(32, nil)
+	h := blake3seq.New()
 	var n [8]byte
 	l := uint64(len(contentType))
 	for i := range n {

@@ -18,7 +18,7 @@ import (
 	"syscall"
 	"time"
 
-	"lukechampine.com/blake3"
+	"github.com/ursula-go/ursula/internal/blake3seq"
 
 	coldstore "github.com/ursula-go/ursula/coldtier/store"
 	"github.com/ursula-go/ursula/server"
@@ -241,7 +241,7 @@ func createBackup(ctx context.Context, from string, st coldstore.Store, prog *ba
 		if err != nil {
 			return nil, fmt.Errorf("group %d: the export does not decode: %w", g, err)
 		}
-		sum := blake3.Sum256(data)
+		sum := blake3seq.Sum256(data)
 		o := backupObject{Name: fmt.Sprintf("group-%05d.state", g), Group: g, Size: int64(len(data)),
 			BLAKE3: hex.EncodeToString(sum[:]), Streams: len(state.Streams), Tails: map[string]string{}}
 		for k, s := range state.Streams {
@@ -328,7 +328,7 @@ func checkObject(ctx context.Context, st coldstore.Store, o backupObject) (*stre
 	if int64(len(data)) != o.Size {
 		return nil, fmt.Sprintf("size %d, manifest says %d", len(data), o.Size)
 	}
-	sum := blake3.Sum256(data)
+	sum := blake3seq.Sum256(data)
 	if got := hex.EncodeToString(sum[:]); got != o.BLAKE3 {
 		return nil, fmt.Sprintf("BLAKE3 %s, manifest says %s", got, o.BLAKE3)
 	}
