@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math"
+	"slices"
+	"sync"
 
 	"github.com/klauspost/compress/zstd"
 )
@@ -168,7 +170,14 @@ func encodeCommit(c *Commit) ([]byte, error) {
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("ursula: encode commit: %w", err)
 	}
-	body := make([]byte, recordTimeSize+commitHeaderSize, recordTimeSize+c.bodySize())
+	bp := commitBodies.Get().(*[]byte)
+	body := slices.Grow((*bp)[:0], recordTimeSize+int(c.bodySize()))[:recordTimeSize+commitHeaderSize]
+	defer func() {
+		if cap(body) <= maxPooledBody {
+			*bp = body[:0]
+			commitBodies.Put(bp)
+		}
+	}()
 	le.PutUint64(body[0:], uint64(c.UnixNano))
 	le.PutUint32(body[8:], c.PageSize)
 	le.PutUint32(body[12:], c.DBPages)
@@ -179,6 +188,16 @@ func encodeCommit(c *Commit) ([]byte, error) {
 	}
 	return seal(KindCommit, body), nil
 }
+
+// commitBodies holds the uncompressed bodies encodeCommit builds: seal compresses a body
+// into a record of its own, so the body is free again once it returns.
+var commitBodies = sync.Pool{New: func() any { return new([]byte) }}
+
+// sealScratch holds the room seal compresses into.
+var sealScratch = sync.Pool{New: func() any { return new([]byte) }}
+
+// maxPooledBody is the largest buffer kept for reuse; a large transaction's is left to the GC.
+const maxPooledBody = 1 << 20
 
 // encodeClaim returns the claim record of c.
 func encodeClaim(c Claim) []byte {
@@ -344,8 +363,15 @@ func decodeSnapshot(b []byte, maxImage int) (SnapshotHeader, []byte, error) {
 
 // seal frames a body as a record of the given kind.
 func seal(kind RecordKind, body []byte) []byte {
-	rec := make([]byte, recordHeaderSize, recordHeaderSize+len(body)+64)
-	rec = recordEncoder.EncodeAll(body, rec)
+	// Compress into pooled room for the worst case, then keep only what the record
+	// takes: a commit of a few pages compresses to a fraction of its size.
+	sp := sealScratch.Get().(*[]byte)
+	out := recordEncoder.EncodeAll(body, slices.Grow((*sp)[:0], recordHeaderSize+len(body)+64)[:recordHeaderSize])
+	rec := slices.Clone(out)
+	if cap(out) <= maxPooledBody {
+		*sp = out[:0]
+		sealScratch.Put(sp)
+	}
 	copy(rec, recordMagic[:])
 	rec[4] = recordVersion
 	rec[5] = byte(kind)

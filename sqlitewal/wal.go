@@ -38,6 +38,13 @@ type WAL struct {
 	held     []write // writes of the pending commit frame
 	commit   int64   // offset of the pending commit frame; -1 when none
 	pageSize int64
+
+	// Buffers reused from one commit to the next (a commit's record is built from them
+	// and nothing keeps them once Commit returns): the held writes' bytes, the assembled
+	// commit frame, and the frames read back.
+	heldBytes []byte
+	frame     []byte
+	readBack  [][]byte
 }
 
 type write struct {
@@ -66,7 +73,11 @@ func (w *WAL) WriteAt(p []byte, off int64) (int, error) {
 	if w.commit < 0 {
 		w.commit = off
 	}
-	w.held = append(w.held, write{off, append([]byte(nil), p...)})
+	// The held bytes share one buffer. An append that moves it leaves the earlier writes
+	// where they were, in the old array, which nothing else writes to.
+	n := len(w.heldBytes)
+	w.heldBytes = append(w.heldBytes, p...)
+	w.held = append(w.held, write{off, w.heldBytes[n:len(w.heldBytes):len(w.heldBytes)]})
 	if w.covered(w.commit, w.commit+fs) {
 		if err := w.commitTx(); err != nil {
 			return 0, err
@@ -95,11 +106,25 @@ func (w *WAL) covered(lo, hi int64) bool {
 	return true
 }
 
-func (w *WAL) reset() { w.held, w.commit = nil, -1 }
+func (w *WAL) reset() {
+	w.held, w.heldBytes, w.commit = w.held[:0], w.heldBytes[:0], -1
+	if len(w.readBack) > keptReadBack {
+		// A large transaction's pages are not kept for the next commit.
+		clear(w.readBack[keptReadBack:])
+		w.readBack = w.readBack[:keptReadBack]
+	}
+}
+
+// keptReadBack is how many read-back frame buffers a WAL keeps between commits.
+const keptReadBack = 64
 
 // heldFrame assembles the pending commit frame from the held writes.
 func (w *WAL) heldFrame() []byte {
-	frame := make([]byte, w.frameSize())
+	if int64(cap(w.frame)) < w.frameSize() {
+		w.frame = make([]byte, w.frameSize())
+	}
+	frame := w.frame[:w.frameSize()]
+	clear(frame)
 	for _, wr := range w.held {
 		lo, hi := max(wr.off, w.commit), min(wr.off+int64(len(wr.data)), w.commit+int64(len(frame)))
 		if lo < hi {
@@ -120,8 +145,14 @@ func (w *WAL) commitTx() error {
 	pages := map[uint32][]byte{binary.BigEndian.Uint32(last[0:4]): last[replicator.WALFrameHeaderSize:]}
 	// The transaction's other frames lie between the previous commit frame (or the WAL
 	// header) and this one; walk back, the first image of a page seen is its last.
-	buf := make([]byte, fs)
+	used := 0 // frames of w.readBack that hold a page of this commit
 	for off := w.commit - fs; off >= replicator.WALHeaderSize; off -= fs {
+		if used == len(w.readBack) {
+			w.readBack = append(w.readBack, make([]byte, fs))
+		} else if int64(len(w.readBack[used])) != fs {
+			w.readBack[used] = make([]byte, fs)
+		}
+		buf := w.readBack[used]
 		if n, err := w.file.ReadAt(buf, off); n != len(buf) {
 			_ = err
 			return errIORead
@@ -139,7 +170,8 @@ func (w *WAL) commitTx() error {
 		}
 		no := binary.BigEndian.Uint32(buf[0:4])
 		if _, seen := pages[no]; !seen {
-			pages[no] = append([]byte(nil), buf[replicator.WALFrameHeaderSize:]...)
+			pages[no] = buf[replicator.WALFrameHeaderSize:]
+			used++
 		}
 	}
 	cm := &replicator.Commit{PageSize: uint32(ps), DBPages: dbPages}
