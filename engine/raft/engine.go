@@ -22,9 +22,9 @@
 // The directory is engine/raft but the package is named raftengine: its files use
 // hashicorp/raft throughout, whose package is raft, and callers read raftengine.Open.
 //
-// Not implemented yet (see the README's cluster section): the recovery gate and vote floor
-// that keep a node which may have lost acknowledged entries under fsync=never from voting;
-// learners and membership changes (the voter set is static); forwarding of reads from
+// Lifecycle (lifecycle.go): the recovery gate that keeps a node which may have lost
+// acknowledged entries under fsync=never from voting until it caught up, learners and
+// membership changes. Not implemented yet (docs/cluster.md): forwarding of reads from
 // followers to the leader (followers redirect instead).
 package raftengine
 
