@@ -91,14 +91,8 @@ func (s *Server) handleImmutable(w http.ResponseWriter, r *http.Request, t *targ
 // ETag are byte-for-byte and type-for-type the same. A chunk marked immutable ends below
 // the tail, so closing the stream later does not change its ETag.
 func chunkETag(inc, start, end uint64, kind, contentType string, body [][]byte) string {
-	hs := blake3seq.New()
 	var n [8]byte
 	binary.LittleEndian.PutUint64(n[:], uint64(len(contentType)))
-	hs.Write(n[:])
-	hs.Write([]byte(contentType))
-	for _, p := range body {
-		hs.Write(p)
-	}
-	sum := hs.Sum(nil)
+	sum := blake3seq.SumPieces(append([][]byte{n[:], []byte(contentType)}, body...)...)
 	return `"i` + u64(inc) + ":" + u64(start) + ":" + u64(end) + ":" + kind + ":" + hex.EncodeToString(sum[:16]) + `"`
 }

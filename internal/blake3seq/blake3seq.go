@@ -12,6 +12,7 @@ package blake3seq
 
 import (
 	"math/bits"
+	"sync"
 
 	"lukechampine.com/blake3"
 	"lukechampine.com/blake3/guts"
@@ -31,12 +32,24 @@ func Sum256(b []byte) [Size]byte {
 	if len(b) <= guts.ChunkSize {
 		return blake3.Sum256(b) // one chunk: the library hashes it in place, no goroutine
 	}
-	var h Hasher
-	h.Write(b)
+	return SumPieces(b)
+}
+
+// SumPieces returns the BLAKE3-256 digest of the pieces written one after the other.
+func SumPieces(pieces ...[]byte) [Size]byte {
+	h := hashers.Get().(*Hasher)
+	h.Reset()
+	for _, p := range pieces {
+		h.Write(p)
+	}
 	var out [Size]byte
 	h.sum(&out)
+	hashers.Put(h)
 	return out
 }
+
+// hashers keeps Hashers for Sum256: one is 18 KiB, too large for a goroutine's stack.
+var hashers = sync.Pool{New: func() any { return new(Hasher) }}
 
 // Hasher is a BLAKE3-256 hash.Hash that never starts goroutines. The zero value is ready.
 type Hasher struct {

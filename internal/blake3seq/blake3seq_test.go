@@ -124,3 +124,12 @@ func BenchmarkSum256(b *testing.B) {
 		})
 	}
 }
+
+// TestSumPieces: pieces hash as their concatenation.
+func TestSumPieces(t *testing.T) {
+	b := input(40000)
+	want := blake3.Sum256(b)
+	if got := SumPieces(b[:3], b[3:17000], nil, b[17000:]); got != want {
+		t.Fatalf("SumPieces: %x, want %x", got, want)
+	}
+}
