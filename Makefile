@@ -85,6 +85,8 @@ bench: build conformance-deps s3-deps
 	$(GO) test -run '^$$' -bench '^BenchmarkCommit$$' -benchtime 2000x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)' | awk -f test/bench/commit-ratio.awk
 	@echo "== commit latency against a 3-node loopback cluster (node-list URL), leader first in the list vs last; ratios to leader-local"
 	$(GO) test -run '^$$' -bench '^BenchmarkCommitCluster$$' -benchtime 2000x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)' | awk -f test/bench/commit-ratio.awk
+	@echo "== one producer's append round trip to a memory server in this process, with and without Producer-Digest (what a commit sends), 1/8/64 KiB bodies"
+	$(GO) test -run '^$$' -bench '^BenchmarkAppendRoundTrip$$' -benchtime 2000x ./client 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)'
 	@echo "== cold start (fresh-host attach) of 10 MB and 100 MB databases"
 	$(GO) test -run '^$$' -bench '^BenchmarkColdStart$$' -benchtime 3x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)'
 	@echo "== lazy read-only open vs full download, memory server and S3 (versitygw) cold tier: first point lookup, bytes fetched, 100 lookups, full scan, heap ($(LAZY_MB) MiB; LAZY_MB=128 for a quick run)"
