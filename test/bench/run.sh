@@ -200,6 +200,9 @@ if [ "${BENCH_SCALE:-}" = 1 ]; then
   kill "$dpid"
   wait "$dpid" 2>/dev/null || true
   rm -rf "$scale/default"
+  # Let the kernel finish writing back what that run left dirty, so the runs that follow
+  # (SSE first) do not share the disk with it.
+  sync
   # The rest runs with the cold tier off: the SSE figure is the fan-out alone, and the
   # recovery figure is the journal's replay, not a flush.
   printf '[storage.cold]\nbackend = "none"\n' >"$scale/ursula.toml"
