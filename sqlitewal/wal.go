@@ -148,9 +148,7 @@ func (w *WAL) commitTx() error {
 	used := 0 // frames of w.readBack that hold a page of this commit
 	for off := w.commit - fs; off >= replicator.WALHeaderSize; off -= fs {
 		if used == len(w.readBack) {
-			w.readBack = append(w.readBack, make([]byte, fs))
-		} else if int64(len(w.readBack[used])) != fs {
-			w.readBack[used] = make([]byte, fs)
+			w.readBack = append(w.readBack, make([]byte, fs)) // fs is fixed: the page size is the WAL's
 		}
 		buf := w.readBack[used]
 		if n, err := w.file.ReadAt(buf, off); n != len(buf) {
