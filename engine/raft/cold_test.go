@@ -223,8 +223,18 @@ func TestColdThreeVoters(t *testing.T) {
 	if res, b := do(t, http.MethodPost, F.adm.URL+"/__ursula/flush-cold/"+key, nil); res.StatusCode != http.StatusOK {
 		t.Fatalf("flush on the new leader: %d %s", res.StatusCode, b)
 	}
-	eventually(t, "the old leader trims", func() bool { return L.e.GroupHotBytes(g) == 0 })
 	all := append(append([]byte(nil), data...), more...)
+	// A follower serves what it has applied: wait until L has applied the append and the
+	// flush record (its hot counter was already 0 before the append reached it).
+	eventually(t, "the old leader applies and trims", func() bool {
+		base := uint64(0)
+		L.e.View(key, time.Now().UnixMilli(), func(_ *streamcore.State, s *streamcore.Stream) {
+			if s != nil {
+				base = s.Data.Base()
+			}
+		})
+		return base == uint64(len(all)) && L.e.GroupHotBytes(g) == 0
+	})
 	res, b = do(t, http.MethodGet, L.ts.URL+"/"+key+"?offset=-1", nil)
 	if res.StatusCode != http.StatusOK || !bytes.Equal(b, all) {
 		t.Fatalf("old leader's read after the transfer: %d, %d bytes of %d", res.StatusCode, len(b), len(all))
