@@ -30,7 +30,7 @@ import (
 // to New (for example "bucket/stream"). A full URL may name several nodes of one cluster,
 // http://n1:4437,n2:4437,n3:4437/bucket/stream (see ParseNodeURL).
 type Client struct {
-	// HTTP sends the requests. New installs a keep-alive transport; a client given
+	// HTTP sends the requests. New installs a keep-alive InlineTransport; a client given
 	// with WithHTTPClient is copied and its redirect following turned off (the client
 	// follows redirects itself, only where they prove the write applied nothing).
 	HTTP *http.Client
@@ -82,7 +82,7 @@ func WithUserAgent(ua string) Option { return func(c *Client) { c.UserAgent = ua
 // so with base http://h/bucket the reference "s" names http://h/bucket/s).
 func New(baseURL string, opts ...Option) (*Client, error) {
 	c := &Client{
-		HTTP:         &http.Client{Transport: NewTransport(), CheckRedirect: noRedirect},
+		HTTP:         &http.Client{Transport: NewInlineTransport(NewTransport()), CheckRedirect: noRedirect},
 		WriteTimeout: 30 * time.Second,
 		ReadTimeout:  30 * time.Second,
 		MaxRedirects: 5,

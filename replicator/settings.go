@@ -85,7 +85,7 @@ func NewClient(streamURL string, log io.Writer) (*client.Client, error) {
 		tr.IdleConnTimeout = time.Duration(v) * time.Millisecond
 		tr.DisableKeepAlives = v == 0
 	}
-	c, err := client.New("", client.WithHTTPClient(&http.Client{Transport: tr}))
+	c, err := client.New("", client.WithHTTPClient(&http.Client{Transport: client.NewInlineTransport(tr)}))
 	if err != nil {
 		return nil, err
 	}

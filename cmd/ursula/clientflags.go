@@ -32,7 +32,7 @@ func (f clientFlags) newClient() (*client.Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--ca-file: %w", err)
 	}
-	opts := []client.Option{client.WithHTTPClient(&http.Client{Transport: tr})}
+	opts := []client.Option{client.WithHTTPClient(&http.Client{Transport: client.NewInlineTransport(tr)})}
 	if p := pickStr(*f.tokenFile, os.Getenv("URSULA_VFS_TOKEN_FILE")); p != "" {
 		b, err := os.ReadFile(p)
 		if err != nil {

@@ -1,0 +1,335 @@
+package client
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// InlineTransport is an http.RoundTripper that sends each HTTP/1.1 request and reads its
+// answer in the calling goroutine, over kept-alive connections of its own.
+//
+// Why: net/http's Transport gives every connection a reader and a writer goroutine, so
+// one request is handed between three goroutines, and on a small machine every hand-off
+// wakes an idle CPU. A replicated commit is one small request waited on; those hand-offs
+// were about half of its round trip on loopback (see docs/performance.md).
+//
+// What it leaves to Fallback (unchanged behaviour there): requests through a proxy,
+// schemes other than http and https, and requests with Expect or Upgrade headers. Over
+// TLS it offers HTTP/1.1 only (ALPN), so a server that would speak HTTP/2 speaks 1.1.
+// It dials, resolves and configures TLS as Fallback does (its DialContext,
+// TLSClientConfig, TLSHandshakeTimeout, IdleConnTimeout, MaxIdleConnsPerHost,
+// DisableKeepAlives).
+//
+// Cancellation: the request's context interrupts a blocked write or read (the connection
+// is then closed), while the answer's body is read too, as net/http does.
+type InlineTransport struct {
+	Fallback *http.Transport
+
+	mu   sync.Mutex
+	idle map[string][]*inlineConn // by connection key (scheme://host:port), newest last
+}
+
+// NewInlineTransport returns an InlineTransport over fallback (nil: NewTransport()).
+func NewInlineTransport(fallback *http.Transport) *InlineTransport {
+	if fallback == nil {
+		fallback = NewTransport()
+	}
+	return &InlineTransport{Fallback: fallback, idle: map[string][]*inlineConn{}}
+}
+
+type inlineConn struct {
+	key    string
+	conn   net.Conn
+	raw    net.Conn // the TCP connection under TLS (conn itself for plain TCP)
+	br     *bufio.Reader
+	bw     *bufio.Writer
+	idleAt time.Time
+}
+
+// inlineWriteBuffer is the size of a connection's write buffer: a request of this size
+// (head and body) leaves in one write.
+const inlineWriteBuffer = 32 << 10
+
+// aLongTimeAgo is a deadline in the past, set to interrupt a blocked read or write.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// CloseIdleConnections closes the idle connections of both transports.
+func (t *InlineTransport) CloseIdleConnections() {
+	t.mu.Lock()
+	idle := t.idle
+	t.idle = map[string][]*inlineConn{}
+	t.mu.Unlock()
+	for _, cs := range idle {
+		for _, c := range cs {
+			c.conn.Close()
+		}
+	}
+	t.Fallback.CloseIdleConnections()
+}
+
+func (t *InlineTransport) inline(req *http.Request) bool {
+	if req.URL == nil || (req.URL.Scheme != "http" && req.URL.Scheme != "https") || req.URL.Host == "" {
+		return false
+	}
+	if req.Header.Get("Expect") != "" || req.Header.Get("Upgrade") != "" {
+		return false
+	}
+	if t.Fallback.Proxy != nil {
+		if u, err := t.Fallback.Proxy(req); err != nil || u != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// RoundTrip implements http.RoundTripper.
+func (t *InlineTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if !t.inline(req) {
+		return t.Fallback.RoundTrip(req)
+	}
+	if t.Fallback.DisableKeepAlives && !req.Close {
+		r2 := *req
+		r2.Close = true // "Connection: close", as net/http sends then
+		req = &r2
+	}
+	ctx := req.Context()
+	key := req.URL.Scheme + "://" + hostPort(req.URL.Scheme, req.URL.Host)
+	for {
+		pc, reused, err := t.get(ctx, key, req)
+		if err != nil {
+			if req.Body != nil {
+				req.Body.Close()
+			}
+			return nil, err
+		}
+		res, retry, err := t.exchange(ctx, pc, reused, req)
+		if err == nil {
+			return res, nil
+		}
+		if !retry {
+			return nil, err
+		}
+		// A kept-alive connection the server had closed: send again on a new one, as
+		// net/http does, when nothing of the request was taken or it may be replayed.
+		if req.GetBody != nil && req.Body != nil && req.Body != http.NoBody {
+			body, gerr := req.GetBody()
+			if gerr != nil {
+				return nil, err
+			}
+			r2 := *req
+			r2.Body = body
+			req = &r2
+		}
+	}
+}
+
+// exchange writes req on pc and reads the answer head. retry says the failure happened
+// on a reused connection before the server can have acted on the request.
+func (t *InlineTransport) exchange(ctx context.Context, pc *inlineConn, reused bool, req *http.Request) (*http.Response, bool, error) {
+	stop := context.AfterFunc(ctx, func() { pc.conn.SetDeadline(aLongTimeAgo) })
+	fail := func(err error) error {
+		stop()
+		pc.conn.Close()
+		if cerr := ctx.Err(); cerr != nil {
+			return cerr
+		}
+		return err
+	}
+	werr := req.Write(pc.bw)
+	if werr == nil {
+		werr = pc.bw.Flush()
+	}
+	if werr != nil {
+		// The server may have answered and closed before taking the whole body (a
+		// refusal): read what it said.
+		pc.conn.SetReadDeadline(time.Now().Add(250 * time.Millisecond))
+		if res, err := http.ReadResponse(pc.br, req); err == nil {
+			pc.conn.SetReadDeadline(time.Time{})
+			res.Close = true
+			return t.wrap(res, pc, stop), false, nil
+		}
+		// Nothing was read and the request never wholly left: the server cannot have
+		// acted on it.
+		return nil, reused && ctx.Err() == nil && (req.Body == nil || req.Body == http.NoBody || req.GetBody != nil), fail(werr)
+	}
+	res, err := http.ReadResponse(pc.br, req)
+	if err != nil {
+		replayable := req.Method == http.MethodGet || req.Method == http.MethodHead || req.Method == http.MethodOptions ||
+			req.Header.Get("Idempotency-Key") != "" || req.Header.Get("X-Idempotency-Key") != ""
+		// ReadResponse says io.ErrUnexpectedEOF for a connection closed before a byte.
+		nothing := (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)) && pc.br.Buffered() == 0
+		return nil, reused && nothing && replayable && ctx.Err() == nil && (req.Body == nil || req.Body == http.NoBody || req.GetBody != nil), fail(err)
+	}
+	return t.wrap(res, pc, stop), false, nil
+}
+
+// wrap hands the connection back when the answer's body has been read to its end.
+func (t *InlineTransport) wrap(res *http.Response, pc *inlineConn, stop func() bool) *http.Response {
+	b := &inlineBody{t: t, pc: pc, rc: res.Body, stop: stop, keep: !res.Close}
+	if res.Body == http.NoBody || res.ContentLength == 0 && res.Body != nil && len(res.TransferEncoding) == 0 {
+		b.finish(true)
+		if res.Body != http.NoBody {
+			res.Body = http.NoBody
+		}
+		return res
+	}
+	res.Body = b
+	return res
+}
+
+type inlineBody struct {
+	t    *InlineTransport
+	pc   *inlineConn
+	rc   io.ReadCloser
+	stop func() bool
+	keep bool
+
+	mu   sync.Mutex
+	done bool
+}
+
+func (b *inlineBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.done {
+		return 0, io.EOF
+	}
+	n, err := b.rc.Read(p)
+	if err == io.EOF {
+		b.finishLocked(true)
+	} else if err != nil {
+		b.finishLocked(false)
+	}
+	return n, err
+}
+
+func (b *inlineBody) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	// Not read to its end: the connection goes (net/http would read on to the end, which
+	// never comes for a live read).
+	b.finishLocked(false)
+	return nil
+}
+
+func (b *inlineBody) finish(eof bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.finishLocked(eof)
+}
+
+func (b *inlineBody) finishLocked(eof bool) {
+	if b.done {
+		return
+	}
+	b.done = true
+	// stop is false when the context fired: its deadline may be on the connection.
+	if b.stop() && eof && b.keep && b.pc.br.Buffered() == 0 && !b.t.Fallback.DisableKeepAlives {
+		b.t.put(b.pc)
+		return
+	}
+	b.pc.conn.Close()
+}
+
+// get returns an idle connection for key, or dials one.
+func (t *InlineTransport) get(ctx context.Context, key string, req *http.Request) (*inlineConn, bool, error) {
+	now := time.Now()
+	for {
+		t.mu.Lock()
+		cs := t.idle[key]
+		if len(cs) == 0 {
+			t.mu.Unlock()
+			break
+		}
+		pc := cs[len(cs)-1]
+		cs[len(cs)-1] = nil
+		t.idle[key] = cs[:len(cs)-1]
+		t.mu.Unlock()
+		if to := t.Fallback.IdleConnTimeout; to > 0 && now.Sub(pc.idleAt) > to || !connAlive(pc.raw) {
+			pc.conn.Close()
+			continue
+		}
+		return pc, true, nil
+	}
+	pc, err := t.dial(ctx, key, req)
+	return pc, false, err
+}
+
+func (t *InlineTransport) put(pc *inlineConn) {
+	pc.idleAt = time.Now()
+	max := t.Fallback.MaxIdleConnsPerHost
+	if max <= 0 {
+		max = http.DefaultMaxIdleConnsPerHost
+	}
+	t.mu.Lock()
+	if t.idle == nil {
+		t.idle = map[string][]*inlineConn{}
+	}
+	if cs := t.idle[pc.key]; len(cs) < max {
+		t.idle[pc.key] = append(cs, pc)
+		t.mu.Unlock()
+		return
+	}
+	t.mu.Unlock()
+	pc.conn.Close()
+}
+
+func (t *InlineTransport) dial(ctx context.Context, key string, req *http.Request) (*inlineConn, error) {
+	addr := hostPort(req.URL.Scheme, req.URL.Host)
+	dial := t.Fallback.DialContext
+	if dial == nil {
+		var d net.Dialer
+		dial = d.DialContext
+	}
+	raw, err := dial(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	conn := raw
+	if req.URL.Scheme == "https" {
+		cfg := &tls.Config{}
+		if t.Fallback.TLSClientConfig != nil {
+			cfg = t.Fallback.TLSClientConfig.Clone()
+		}
+		if cfg.ServerName == "" {
+			cfg.ServerName = req.URL.Hostname()
+		}
+		cfg.NextProtos = []string{"http/1.1"}
+		tc := tls.Client(raw, cfg)
+		hctx := ctx
+		if to := t.Fallback.TLSHandshakeTimeout; to > 0 {
+			var cancel context.CancelFunc
+			hctx, cancel = context.WithTimeout(ctx, to)
+			defer cancel()
+		}
+		if err := tc.HandshakeContext(hctx); err != nil {
+			raw.Close()
+			return nil, err
+		}
+		conn = tc
+	}
+	return &inlineConn{key: key, conn: conn, raw: raw, br: bufio.NewReaderSize(conn, 16<<10), bw: bufio.NewWriterSize(conn, inlineWriteBuffer)}, nil
+}
+
+// hostPort is host with the scheme's default port when it names none.
+func hostPort(scheme, host string) string {
+	if _, port, err := net.SplitHostPort(host); err == nil && port != "" {
+		return host
+	}
+	h := host
+	if len(h) > 1 && h[0] == '[' && h[len(h)-1] == ']' {
+		h = h[1 : len(h)-1]
+	}
+	if scheme == "https" {
+		return net.JoinHostPort(h, "443")
+	}
+	return net.JoinHostPort(h, "80")
+}
