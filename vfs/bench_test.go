@@ -11,7 +11,7 @@ import (
 )
 
 // Commit latency of a replicated database (the real server over loopback HTTP, in this
-// process) next to plain local SQLite in WAL mode (synchronous NORMAL and FULL), with the
+// process and in another one) next to plain local SQLite in WAL mode (synchronous NORMAL and FULL), with the
 // same statements, and the cold start (fresh-host attach) of 10 MB and 100 MB databases:
 //
 //	go test -run '^$' -bench . -benchtime 2000x ./vfs      (make bench)
@@ -79,16 +79,27 @@ func quiet(b *testing.B) {
 
 func BenchmarkCommit(b *testing.B) {
 	quiet(b)
-	b.Run("replicated", func(b *testing.B) {
-		commitWorkloads(b, func(b *testing.B) *sql.DB {
-			base := startServer(b)
-			db, err := Open(base+"/bench/commit", Options{Path: filepath.Join(b.TempDir(), "r.db")})
-			if err != nil {
-				b.Fatal(err)
-			}
-			return withTable(b, db)
+	// replicated: the memory engine in this process (one Go runtime schedules both
+	// ends); replicated-process: `ursula server` with its defaults in another process, as
+	// a deployment runs it (each request and answer wakes the other process).
+	servers := map[string]func(b *testing.B) string{
+		"replicated":         func(b *testing.B) string { return startServer(b) },
+		"replicated-process": startServerProcess,
+	}
+	for _, variant := range []string{"replicated", "replicated-process"} {
+		b.Run(variant, func(b *testing.B) {
+			base := servers[variant](b)
+			n := 0
+			commitWorkloads(b, func(b *testing.B) *sql.DB {
+				n++
+				db, err := Open(fmt.Sprintf("%s/bench/commit-%d", base, n), Options{Path: filepath.Join(b.TempDir(), "r.db")})
+				if err != nil {
+					b.Fatal(err)
+				}
+				return withTable(b, db)
+			})
 		})
-	})
+	}
 	for _, sync := range []string{"normal", "full"} {
 		b.Run("local-"+sync, func(b *testing.B) {
 			commitWorkloads(b, func(b *testing.B) *sql.DB {

@@ -55,10 +55,7 @@ func BenchmarkCommitCluster(b *testing.B) {
 // until the benchmark ends; it returns the host:port of their client and admin listeners.
 func startLoopbackCluster(b *testing.B) (nodes, admins []string) {
 	dir := b.TempDir()
-	bin := filepath.Join(dir, "ursula")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/ursula").CombinedOutput(); err != nil {
-		b.Fatalf("build ursula: %v\n%s", err, out)
-	}
+	bin := buildUrsula(b, dir)
 	var httpAddrs, raftAddrs, adminAddrs []string
 	var held []net.Listener // until all nine are picked, so no port repeats
 	for range 9 {
@@ -107,18 +104,51 @@ func startLoopbackCluster(b *testing.B) (nodes, admins []string) {
 		}
 	}
 	for _, a := range httpAddrs {
-		ready := false
-		for deadline := time.Now().Add(30 * time.Second); !ready && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-			if res, err := http.Get("http://" + a + "/__ursula/ready"); err == nil {
-				res.Body.Close()
-				ready = res.StatusCode == http.StatusOK
-			}
-		}
-		if !ready {
-			b.Fatalf("node %s not ready", a)
-		}
+		waitServerReady(b, a)
 	}
 	return httpAddrs, adminAddrs
+}
+
+// buildUrsula builds cmd/ursula into dir and returns the binary's path.
+func buildUrsula(b *testing.B, dir string) string {
+	bin := filepath.Join(dir, "ursula")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/ursula").CombinedOutput(); err != nil {
+		b.Fatalf("build ursula: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// waitServerReady waits up to 30 s for the server at host:port addr to answer ready.
+func waitServerReady(b *testing.B, addr string) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if res, err := http.Get("http://" + addr + "/__ursula/ready"); err == nil {
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				return
+			}
+		}
+	}
+	b.Fatalf("server %s not ready", addr)
+}
+
+// startServerProcess runs `ursula server` with its defaults (the default engine) in
+// another process until the benchmark ends, and returns its base URL.
+func startServerProcess(b *testing.B) string {
+	dir := b.TempDir()
+	bin := buildUrsula(b, dir)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cmd := exec.Command(bin, "server", "--listen", addr, "--admin-listen", "127.0.0.1:0", "--data", filepath.Join(dir, "data"))
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cmd.Process.Signal(syscall.SIGKILL); cmd.Wait() })
+	waitServerReady(b, addr)
+	return "http://" + addr
 }
 
 // clusterLeader is the index of the node that leads group 0, as the node whose admin
