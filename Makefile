@@ -81,7 +81,7 @@ CATCHUP_MB ?= 64
 bench: build conformance-deps s3-deps
 	$(GO) build -o $(BIN)/ursula-bench ./cmd/ursula-bench
 	test/bench/run.sh
-	@echo "== commit latency: replicated (vfs over loopback HTTP) vs plain local SQLite (WAL, synchronous NORMAL and FULL); ratios to FULL"
+	@echo "== commit latency: replicated (vfs over loopback HTTP; server in this process, and ursula server with its defaults in another) vs plain local SQLite (WAL, synchronous NORMAL and FULL); ratios to FULL"
 	$(GO) test -run '^$$' -bench '^BenchmarkCommit$$' -benchtime 2000x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)' | awk -f test/bench/commit-ratio.awk
 	@echo "== commit latency against a 3-node loopback cluster (node-list URL), leader first in the list vs last; ratios to leader-local"
 	$(GO) test -run '^$$' -bench '^BenchmarkCommitCluster$$' -benchtime 2000x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)' | awk -f test/bench/commit-ratio.awk
