@@ -151,7 +151,7 @@ func (t *InlineTransport) exchange(ctx context.Context, pc *inlineConn, reused b
 		// The server may have answered and closed before taking the whole body (a
 		// refusal): read what it said.
 		pc.conn.SetReadDeadline(time.Now().Add(250 * time.Millisecond))
-		if res, err := http.ReadResponse(pc.br, req); err == nil {
+		if res, err := readAnswer(pc.br, req); err == nil {
 			pc.conn.SetReadDeadline(time.Time{})
 			res.Close = true
 			return t.wrap(res, pc, stop), false, nil
@@ -160,7 +160,7 @@ func (t *InlineTransport) exchange(ctx context.Context, pc *inlineConn, reused b
 		// acted on it.
 		return nil, reused && ctx.Err() == nil && (req.Body == nil || req.Body == http.NoBody || req.GetBody != nil), fail(werr)
 	}
-	res, err := http.ReadResponse(pc.br, req)
+	res, err := readAnswer(pc.br, req)
 	if err != nil {
 		replayable := req.Method == http.MethodGet || req.Method == http.MethodHead || req.Method == http.MethodOptions ||
 			req.Header.Get("Idempotency-Key") != "" || req.Header.Get("X-Idempotency-Key") != ""
@@ -171,8 +171,27 @@ func (t *InlineTransport) exchange(ctx context.Context, pc *inlineConn, reused b
 	return t.wrap(res, pc, stop), false, nil
 }
 
+// readAnswer reads the final answer to req, past informational (1xx) answers such as
+// 103 Early Hints, as net/http's transport does (101 is final: an Upgrade is not sent
+// here).
+func readAnswer(br *bufio.Reader, req *http.Request) (*http.Response, error) {
+	for {
+		res, err := http.ReadResponse(br, req)
+		if err != nil {
+			return nil, err
+		}
+		if res.StatusCode < 100 || res.StatusCode > 199 || res.StatusCode == http.StatusSwitchingProtocols {
+			return res, nil
+		}
+	}
+}
+
 // wrap hands the connection back when the answer's body has been read to its end.
 func (t *InlineTransport) wrap(res *http.Response, pc *inlineConn, stop func() bool) *http.Response {
+	if tc, ok := pc.conn.(*tls.Conn); ok {
+		st := tc.ConnectionState()
+		res.TLS = &st
+	}
 	b := &inlineBody{t: t, pc: pc, rc: res.Body, stop: stop, keep: !res.Close}
 	if res.Body == http.NoBody || res.ContentLength == 0 && res.Body != nil && len(res.TransferEncoding) == 0 {
 		b.finish(true)

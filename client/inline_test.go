@@ -185,6 +185,29 @@ func TestInlineContextCancels(t *testing.T) {
 	res.Body.Close()
 }
 
+// Informational answers (103 Early Hints) before the final one are skipped.
+func TestInlineSkipsInformational(t *testing.T) {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Link", "</style.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "made")
+	}))
+	defer ts.Close()
+	hc, _ := inlineClient(nil)
+	for i := 0; i < 2; i++ {
+		res, err := hc.Get(ts.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != http.StatusCreated || string(b) != "made" {
+			t.Fatalf("%d %q", res.StatusCode, b)
+		}
+	}
+}
+
 // A refusal sent before the server read the body (here: Connection: close and no read of
 // 8 MiB) reaches the caller as the server's answer, not as a write error.
 func TestInlineEarlyRefusal(t *testing.T) {
@@ -224,8 +247,8 @@ func TestInlineTLS(t *testing.T) {
 		}
 		b, _ := io.ReadAll(res.Body)
 		res.Body.Close()
-		if string(b) != "HTTP/1.1" {
-			t.Fatalf("server saw %q", b)
+		if string(b) != "HTTP/1.1" || res.TLS == nil || !res.TLS.HandshakeComplete || res.TLS.NegotiatedProtocol == "h2" {
+			t.Fatalf("server saw %q; TLS state %v", b, res.TLS)
 		}
 	}
 	if n := conns.Load(); n != 1 {
