@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -204,6 +205,10 @@ func (t *InlineTransport) wrap(res *http.Response, pc *inlineConn, stop func() b
 	return res
 }
 
+// inlineBody is an answer's body. Read and Close may run at once (a reader of a live
+// stream is stopped by closing its body from another goroutine): Close closes the
+// connection, which ends a blocked Read, and whichever of them finishes first decides
+// what becomes of the connection.
 type inlineBody struct {
 	t    *InlineTransport
 	pc   *inlineConn
@@ -211,45 +216,53 @@ type inlineBody struct {
 	stop func() bool
 	keep bool
 
-	mu   sync.Mutex
-	done bool
+	state atomic.Int32 // bodyOpen, bodyEOF, bodyClosed
 }
 
+const (
+	bodyOpen int32 = iota
+	bodyEOF
+	bodyClosed
+)
+
+var errBodyClosed = errors.New("client: read on a closed answer body")
+
 func (b *inlineBody) Read(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.done {
+	switch b.state.Load() {
+	case bodyEOF:
 		return 0, io.EOF
+	case bodyClosed:
+		return 0, errBodyClosed
 	}
 	n, err := b.rc.Read(p)
 	if err == io.EOF {
-		b.finishLocked(true)
+		b.finish(true)
 	} else if err != nil {
-		b.finishLocked(false)
+		b.finish(false)
+		if b.state.Load() == bodyClosed {
+			err = errBodyClosed
+		}
 	}
 	return n, err
 }
 
+// Close drops the connection unless the body was read to its end (net/http would read
+// on to the end, which never comes for a live read).
 func (b *inlineBody) Close() error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	// Not read to its end: the connection goes (net/http would read on to the end, which
-	// never comes for a live read).
-	b.finishLocked(false)
+	b.finish(false)
 	return nil
 }
 
+// finish ends the body once: at its end (eof) the connection goes back to the pool when
+// it can carry another request; otherwise it is closed.
 func (b *inlineBody) finish(eof bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.finishLocked(eof)
-}
-
-func (b *inlineBody) finishLocked(eof bool) {
-	if b.done {
+	to := bodyClosed
+	if eof {
+		to = bodyEOF
+	}
+	if !b.state.CompareAndSwap(bodyOpen, to) {
 		return
 	}
-	b.done = true
 	// stop is false when the context fired: its deadline may be on the connection.
 	if b.stop() && eof && b.keep && b.pc.br.Buffered() == 0 && !b.t.Fallback.DisableKeepAlives {
 		b.t.put(b.pc)

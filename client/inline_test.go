@@ -208,6 +208,45 @@ func TestInlineSkipsInformational(t *testing.T) {
 	}
 }
 
+// Closing a live answer's body from another goroutine ends a Read blocked on it.
+func TestInlineCloseEndsBlockedRead(t *testing.T) {
+	release := make(chan struct{})
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "first\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer ts.Close()
+	defer close(release)
+	hc, _ := inlineClient(nil)
+	res, err := hc.Get(ts.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, 6)
+	if _, err := io.ReadFull(res.Body, p); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := res.Body.Read(p); done <- err }()
+	time.Sleep(50 * time.Millisecond) // the Read blocks
+	res.Body.Close()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("the blocked read returned no error")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not end the blocked Read")
+	}
+	if _, err := res.Body.Read(p); err == nil || err == io.EOF {
+		t.Fatalf("read after close: %v", err)
+	}
+}
+
 // A refusal sent before the server read the body (here: Connection: close and no read of
 // 8 MiB) reaches the caller as the server's answer, not as a write error.
 func TestInlineEarlyRefusal(t *testing.T) {
