@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ursula-go/ursula/internal/inlinehttp"
 	"github.com/ursula-go/ursula/streamcore"
 	"github.com/ursula-go/ursula/tlsfiles"
 )
@@ -164,6 +165,20 @@ func newTransport(ac *addrCache) *http.Transport {
 // keeps the system roots.
 func NewTransportWithCA(caFile string) (*http.Transport, error) {
 	return NewTransportWith(TransportOptions{CAFile: caFile})
+}
+
+// InlineTransport is the transport New installs over NewTransport: each HTTP/1.1
+// exchange runs in the calling goroutine, on connections of its own; requests through a
+// proxy (and Expect/Upgrade requests) go to its Fallback (package internal/inlinehttp).
+type InlineTransport = inlinehttp.Transport
+
+// NewInlineTransport returns an InlineTransport over fallback, whose dialer, TLS
+// configuration, proxy and idle settings it follows (nil: NewTransport()).
+func NewInlineTransport(fallback *http.Transport) *InlineTransport {
+	if fallback == nil {
+		fallback = NewTransport()
+	}
+	return inlinehttp.New(fallback)
 }
 
 func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/ursula-go/ursula/auth"
+	"github.com/ursula-go/ursula/internal/inlinehttp"
 	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/streamcore"
 )
@@ -57,7 +58,8 @@ type Config struct {
 	// answers preflight and sets the CORS headers itself. nil: every origin without auth,
 	// none with auth (a node's rule).
 	CORSAllowedOrigins []string
-	// Transport reaches the upstreams; nil: one with UpstreamConnectTimeout.
+	// Transport reaches the upstreams; nil: an inline HTTP/1.1 transport (each exchange
+	// in the handler's goroutine, internal/inlinehttp) with UpstreamConnectTimeout.
 	Transport http.RoundTripper
 	// UpstreamConnectTimeout bounds a connection to an upstream in the default Transport
 	// (0: DefaultUpstreamConnectTimeout).
@@ -183,11 +185,11 @@ func New(cfg Config) (*Gateway, error) {
 		cfg.BodyMinRate = 0
 	}
 	if cfg.Transport == nil {
-		cfg.Transport = &http.Transport{
+		cfg.Transport = inlinehttp.New(&http.Transport{
 			DialContext:         (&net.Dialer{Timeout: cfg.UpstreamConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
 			MaxIdleConnsPerHost: 64,
 			IdleConnTimeout:     90 * time.Second,
-		}
+		})
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

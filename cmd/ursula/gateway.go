@@ -25,6 +25,7 @@ import (
 	"github.com/ursula-go/ursula/auth"
 	"github.com/ursula-go/ursula/gateway"
 	"github.com/ursula-go/ursula/internal/fdlimit"
+	"github.com/ursula-go/ursula/internal/inlinehttp"
 	"github.com/ursula-go/ursula/server"
 	"github.com/ursula-go/ursula/tlsfiles"
 )
@@ -189,12 +190,12 @@ func runGateway(args []string, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("gateway.upstream_ca_file: %w", err)
 		}
-		cfg.Transport = &http.Transport{
+		cfg.Transport = inlinehttp.New(&http.Transport{
 			DialContext:         (&net.Dialer{Timeout: gl.connect, KeepAlive: 30 * time.Second}).DialContext,
 			TLSClientConfig:     tlsfiles.ClientConfig(pool, nil),
 			MaxIdleConnsPerHost: 64,
 			IdleConnTimeout:     90 * time.Second,
-		}
+		})
 	}
 	ac := auth.Config{TokenFile: fc.Auth.TokenFile, Issuer: fc.Auth.Issuer, Audience: fc.Auth.Audience,
 		JWKSURL: fc.Auth.JWKSURL, PolicyFile: fc.Auth.PolicyFile, JWKSCAFile: fc.Auth.JWKSCAFile}

@@ -185,7 +185,27 @@ if [ "${BENCH_SCALE:-}" = 1 ]; then
   rm -f "$scale/dd"
   disk_mbs=$(echo "$dd_line" | awk -F', ' '{split($1, b, " "); split($3, t, " "); printf "%.1f", b[1] / 1e6 / t[1]}')
   echo "disk: dd $dd_mb MiB with fdatasync: $disk_mbs MB/s ($dd_line)"
-  port=$("$root/bin/ursula-bench" freeport 1)
+  # (the echo ends the line: read without a newline fails, and set -e stops the run)
+  read -r port sport < <("$root/bin/ursula-bench" freeport 2 | tr '\n' ' '; echo)
+  # A node with the cold tier off, for SSE, the 1 MiB runs without a cold tier and the
+  # recovery: the SSE figure is the fan-out alone, and the recovery figure is the
+  # journal's replay, not a flush.
+  printf '[storage.cold]\nbackend = "none"\n' >"$scale/ursula.toml"
+  start_scale() {
+    # shellcheck disable=SC2086
+    "$root/bin/ursula" server --config "$scale/ursula.toml" --engine raft --listen "127.0.0.1:$sport" --admin-listen 127.0.0.1:0 --data "$scale/data" ${URSULA_ARGS:-} \
+      >>"$out/scale-server.log" 2>&1 &
+    spid=$!
+    pids+=("$spid")
+  }
+  start_scale
+  "$root/bin/ursula-bench" wait --ok "http://127.0.0.1:$sport/__ursula/ready"
+  surl="http://127.0.0.1:$sport/bench"
+  # SSE first, on a quiet machine: after the 1 MiB runs the kernel frees and writes back
+  # gigabytes for a while (a run of 2026-12-07 measured p99 232 ms right after them,
+  # against 19-24 ms on a quiet node), and the delivery figure would measure that.
+  live=${BENCH_SSE_LIVE:-1000}
+  bench "$@" --url "$surl" --label raft-sse --scenarios "sse-$live" --client raw --out "$out/scale-sse.json" | tee "$scale/sse.txt"
   # 1 MiB appends, first on the default configuration (the fs cold tier under the data
   # directory: every byte goes to the journal and, flushed, to a chunk object), then with
   # the cold tier off (every byte stays hot, so the snapshots that keep the journal under
@@ -201,25 +221,8 @@ if [ "${BENCH_SCALE:-}" = 1 ]; then
   wait "$dpid" 2>/dev/null || true
   rm -rf "$scale/default"
   # Let the kernel finish writing back what that run left dirty, so the runs that follow
-  # (SSE first) do not share the disk with it.
+  # do not share the disk with it.
   sync
-  # The rest runs with the cold tier off: the SSE figure is the fan-out alone, and the
-  # recovery figure is the journal's replay, not a flush.
-  printf '[storage.cold]\nbackend = "none"\n' >"$scale/ursula.toml"
-  start_scale() {
-    # shellcheck disable=SC2086
-    "$root/bin/ursula" server --config "$scale/ursula.toml" --engine raft --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 --data "$scale/data" ${URSULA_ARGS:-} \
-      >>"$out/scale-server.log" 2>&1 &
-    spid=$!
-    pids+=("$spid")
-  }
-  start_scale
-  "$root/bin/ursula-bench" wait --ok "http://127.0.0.1:$port/__ursula/ready"
-  surl="http://127.0.0.1:$port/bench"
-  # SSE first, on the node still quiet: after the 1 MiB runs it keeps writing snapshots of
-  # gigabytes for a while (every byte is hot), and the delivery figure would measure them.
-  live=${BENCH_SSE_LIVE:-1000}
-  bench "$@" --url "$surl" --label raft-sse --scenarios "sse-$live" --client raw --out "$out/scale-sse.json" | tee "$scale/sse.txt"
   bench "$@" --url "$surl" --label raft-1MiB-cold-off --scenarios append-1,append-8 --body 1048576 --client raw --out "$out/scale-1mib-cold-off.json" |
     tee -a "$scale/1mib.txt"
   awk -v disk="$disk_mbs" '$2 ~ /^append-[0-9]+$/ && disk > 0 { printf "1 MiB appends, %s, %s: %s MB/s = %.0f%% of the disk (goal 50%%), %d refused\n", $1, $2, $6, 100 * $6 / disk, $NF }' "$scale/1mib.txt"
@@ -236,7 +239,7 @@ if [ "${BENCH_SCALE:-}" = 1 ]; then
   wait "$spid" 2>/dev/null || true
   t0=$(date +%s.%N)
   start_scale
-  "$root/bin/ursula-bench" wait --ok --timeout 300s "http://127.0.0.1:$port/__ursula/ready"
+  "$root/bin/ursula-bench" wait --ok --timeout 300s "http://127.0.0.1:$sport/__ursula/ready"
   t1=$(date +%s.%N)
   awk -v a="$t0" -v b="$t1" -v mb="$have_mb" 'BEGIN { printf "recovery: kill -9 with %d MiB in the data directory, ready again in %.2f s = %.2f s per GiB (goal under 5 s for 1 GB)\n", mb, b - a, (b - a) * 1024 / mb }'
   stop_all

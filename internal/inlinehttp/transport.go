@@ -1,4 +1,7 @@
-package client
+// Package inlinehttp is an HTTP/1.1 client transport that does each exchange in the
+// calling goroutine: the client package's default transport and the gateway's way to its
+// upstreams.
+package inlinehttp
 
 import (
 	"bufio"
@@ -14,13 +17,14 @@ import (
 	"time"
 )
 
-// InlineTransport is an http.RoundTripper that sends each HTTP/1.1 request and reads its
+// Transport is an http.RoundTripper that sends each HTTP/1.1 request and reads its
 // answer in the calling goroutine, over kept-alive connections of its own.
 //
 // Why: net/http's Transport gives every connection a reader and a writer goroutine, so
 // one request is handed between three goroutines, and on a small machine every hand-off
 // wakes an idle CPU. A replicated commit is one small request waited on; those hand-offs
-// were about half of its round trip on loopback (see docs/performance.md).
+// were a fifth to a quarter of an append's round trip to a server in another process on
+// loopback (see docs/performance.md).
 //
 // What it leaves to Fallback (unchanged behaviour there): requests through a proxy,
 // schemes other than http and https, and requests with Expect or Upgrade headers. Over
@@ -31,19 +35,19 @@ import (
 //
 // Cancellation: the request's context interrupts a blocked write or read (the connection
 // is then closed), while the answer's body is read too, as net/http does.
-type InlineTransport struct {
+type Transport struct {
 	Fallback *http.Transport
 
 	mu   sync.Mutex
 	idle map[string][]*inlineConn // by connection key (scheme://host:port), newest last
 }
 
-// NewInlineTransport returns an InlineTransport over fallback (nil: NewTransport()).
-func NewInlineTransport(fallback *http.Transport) *InlineTransport {
+// New returns a Transport over fallback (nil: a clone of http.DefaultTransport).
+func New(fallback *http.Transport) *Transport {
 	if fallback == nil {
-		fallback = NewTransport()
+		fallback = http.DefaultTransport.(*http.Transport).Clone()
 	}
-	return &InlineTransport{Fallback: fallback, idle: map[string][]*inlineConn{}}
+	return &Transport{Fallback: fallback, idle: map[string][]*inlineConn{}}
 }
 
 type inlineConn struct {
@@ -63,7 +67,7 @@ const inlineWriteBuffer = 32 << 10
 var aLongTimeAgo = time.Unix(1, 0)
 
 // CloseIdleConnections closes the idle connections of both transports.
-func (t *InlineTransport) CloseIdleConnections() {
+func (t *Transport) CloseIdleConnections() {
 	t.mu.Lock()
 	idle := t.idle
 	t.idle = map[string][]*inlineConn{}
@@ -76,7 +80,7 @@ func (t *InlineTransport) CloseIdleConnections() {
 	t.Fallback.CloseIdleConnections()
 }
 
-func (t *InlineTransport) inline(req *http.Request) bool {
+func (t *Transport) inline(req *http.Request) bool {
 	if req.URL == nil || (req.URL.Scheme != "http" && req.URL.Scheme != "https") || req.URL.Host == "" {
 		return false
 	}
@@ -92,7 +96,7 @@ func (t *InlineTransport) inline(req *http.Request) bool {
 }
 
 // RoundTrip implements http.RoundTripper.
-func (t *InlineTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if !t.inline(req) {
 		return t.Fallback.RoundTrip(req)
 	}
@@ -134,7 +138,7 @@ func (t *InlineTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // exchange writes req on pc and reads the answer head. retry says the failure happened
 // on a reused connection before the server can have acted on the request.
-func (t *InlineTransport) exchange(ctx context.Context, pc *inlineConn, reused bool, req *http.Request) (*http.Response, bool, error) {
+func (t *Transport) exchange(ctx context.Context, pc *inlineConn, reused bool, req *http.Request) (*http.Response, bool, error) {
 	stop := context.AfterFunc(ctx, func() { pc.conn.SetDeadline(aLongTimeAgo) })
 	fail := func(err error) error {
 		stop()
@@ -188,7 +192,7 @@ func readAnswer(br *bufio.Reader, req *http.Request) (*http.Response, error) {
 }
 
 // wrap hands the connection back when the answer's body has been read to its end.
-func (t *InlineTransport) wrap(res *http.Response, pc *inlineConn, stop func() bool) *http.Response {
+func (t *Transport) wrap(res *http.Response, pc *inlineConn, stop func() bool) *http.Response {
 	if tc, ok := pc.conn.(*tls.Conn); ok {
 		st := tc.ConnectionState()
 		res.TLS = &st
@@ -210,7 +214,7 @@ func (t *InlineTransport) wrap(res *http.Response, pc *inlineConn, stop func() b
 // connection, which ends a blocked Read, and whichever of them finishes first decides
 // what becomes of the connection.
 type inlineBody struct {
-	t    *InlineTransport
+	t    *Transport
 	pc   *inlineConn
 	rc   io.ReadCloser
 	stop func() bool
@@ -225,7 +229,7 @@ const (
 	bodyClosed
 )
 
-var errBodyClosed = errors.New("client: read on a closed answer body")
+var errBodyClosed = errors.New("inlinehttp: read on a closed answer body")
 
 func (b *inlineBody) Read(p []byte) (int, error) {
 	switch b.state.Load() {
@@ -272,7 +276,7 @@ func (b *inlineBody) finish(eof bool) {
 }
 
 // get returns an idle connection for key, or dials one.
-func (t *InlineTransport) get(ctx context.Context, key string, req *http.Request) (*inlineConn, bool, error) {
+func (t *Transport) get(ctx context.Context, key string, req *http.Request) (*inlineConn, bool, error) {
 	now := time.Now()
 	for {
 		t.mu.Lock()
@@ -295,7 +299,7 @@ func (t *InlineTransport) get(ctx context.Context, key string, req *http.Request
 	return pc, false, err
 }
 
-func (t *InlineTransport) put(pc *inlineConn) {
+func (t *Transport) put(pc *inlineConn) {
 	pc.idleAt = time.Now()
 	max := t.Fallback.MaxIdleConnsPerHost
 	if max <= 0 {
@@ -314,7 +318,7 @@ func (t *InlineTransport) put(pc *inlineConn) {
 	pc.conn.Close()
 }
 
-func (t *InlineTransport) dial(ctx context.Context, key string, req *http.Request) (*inlineConn, error) {
+func (t *Transport) dial(ctx context.Context, key string, req *http.Request) (*inlineConn, error) {
 	addr := hostPort(req.URL.Scheme, req.URL.Host)
 	dial := t.Fallback.DialContext
 	if dial == nil {

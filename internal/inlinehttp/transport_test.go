@@ -1,4 +1,4 @@
-package client
+package inlinehttp
 
 import (
 	"bytes"
@@ -28,8 +28,8 @@ func connCounter(ts *httptest.Server) *atomic.Int64 {
 	return &n
 }
 
-func inlineClient(fallback *http.Transport) (*http.Client, *InlineTransport) {
-	t := NewInlineTransport(fallback)
+func inlineClient(fallback *http.Transport) (*http.Client, *Transport) {
+	t := New(fallback)
 	return &http.Client{Transport: t}, t
 }
 
@@ -276,7 +276,7 @@ func TestInlineTLS(t *testing.T) {
 	conns := connCounter(ts)
 	ts.StartTLS()
 	defer ts.Close()
-	fb := NewTransport()
+	fb := http.DefaultTransport.(*http.Transport).Clone()
 	fb.TLSClientConfig = ts.Client().Transport.(*http.Transport).TLSClientConfig.Clone()
 	hc, _ := inlineClient(fb)
 	for i := 0; i < 3; i++ {
@@ -310,7 +310,7 @@ func TestInlineProxyGoesToFallback(t *testing.T) {
 	}))
 	defer proxy.Close()
 	pu, _ := url.Parse(proxy.URL)
-	fb := NewTransport()
+	fb := http.DefaultTransport.(*http.Transport).Clone()
 	fb.Proxy = http.ProxyURL(pu)
 	hc, _ := inlineClient(fb)
 	res, err := hc.Get("http://stream.invalid/b/s")
