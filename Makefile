@@ -85,7 +85,7 @@ bench: build conformance-deps s3-deps
 	$(GO) test -run '^$$' -bench '^BenchmarkCommit$$' -benchtime 2000x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)' | awk -f test/bench/commit-ratio.awk
 	@echo "== commit latency against a 3-node loopback cluster (node-list URL), leader first in the list vs last; ratios to leader-local"
 	$(GO) test -run '^$$' -bench '^BenchmarkCommitCluster$$' -benchtime 2000x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)' | awk -f test/bench/commit-ratio.awk
-	@echo "== one producer's append round trip to a memory server in this process, with and without Producer-Digest (what a commit sends), 1/8/64 KiB bodies"
+	@echo "== one producer's append round trip to a memory server in this process and in another, through the client's inline transport and net/http's side by side, with and without Producer-Digest (what a commit sends), 1/8/64 KiB bodies"
 	$(GO) test -run '^$$' -bench '^BenchmarkAppendRoundTrip$$' -benchtime 2000x ./client 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)'
 	@echo "== cold start (fresh-host attach) of 10 MB and 100 MB databases"
 	$(GO) test -run '^$$' -bench '^BenchmarkColdStart$$' -benchtime 3x ./vfs 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)'

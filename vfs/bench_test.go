@@ -8,6 +8,8 @@ import (
 	"sort"
 	"testing"
 	"time"
+
+	"github.com/ursula-go/ursula/internal/testserver"
 )
 
 // Commit latency of a replicated database (the real server over loopback HTTP, in this
@@ -84,7 +86,7 @@ func BenchmarkCommit(b *testing.B) {
 	// a deployment runs it (each request and answer wakes the other process).
 	servers := map[string]func(b *testing.B) string{
 		"replicated":         func(b *testing.B) string { return startServer(b) },
-		"replicated-process": startServerProcess,
+		"replicated-process": func(b *testing.B) string { return testserver.StartProcess(b) },
 	}
 	for _, variant := range []string{"replicated", "replicated-process"} {
 		b.Run(variant, func(b *testing.B) {

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ursula-go/ursula/internal/testserver"
 )
 
 // BenchmarkCommitCluster: commit latency of a database whose URL names the three nodes of
@@ -104,7 +106,7 @@ func startLoopbackCluster(b *testing.B) (nodes, admins []string) {
 		}
 	}
 	for _, a := range httpAddrs {
-		waitServerReady(b, a)
+		testserver.WaitReady(b, a)
 	}
 	return httpAddrs, adminAddrs
 }
@@ -116,39 +118,6 @@ func buildUrsula(b *testing.B, dir string) string {
 		b.Fatalf("build ursula: %v\n%s", err, out)
 	}
 	return bin
-}
-
-// waitServerReady waits up to 30 s for the server at host:port addr to answer ready.
-func waitServerReady(b *testing.B, addr string) {
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if res, err := http.Get("http://" + addr + "/__ursula/ready"); err == nil {
-			res.Body.Close()
-			if res.StatusCode == http.StatusOK {
-				return
-			}
-		}
-	}
-	b.Fatalf("server %s not ready", addr)
-}
-
-// startServerProcess runs `ursula server` with its defaults (the default engine) in
-// another process until the benchmark ends, and returns its base URL.
-func startServerProcess(b *testing.B) string {
-	dir := b.TempDir()
-	bin := buildUrsula(b, dir)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	cmd := exec.Command(bin, "server", "--listen", addr, "--admin-listen", "127.0.0.1:0", "--data", filepath.Join(dir, "data"))
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { cmd.Process.Signal(syscall.SIGKILL); cmd.Wait() })
-	waitServerReady(b, addr)
-	return "http://" + addr
 }
 
 // clusterLeader is the index of the node that leads group 0, as the node whose admin
