@@ -38,8 +38,11 @@ import (
 type Transport struct {
 	Fallback *http.Transport
 
-	mu   sync.Mutex
-	idle map[string][]*inlineConn // by connection key (scheme://host:port), newest last
+	mu      sync.Mutex
+	idle    map[string][]*inlineConn // by connection key (scheme://host:port), newest last
+	reaping bool                     // a sweep of the idle connections is scheduled
+	// reapEvery is how often idle connections are swept (0: reapInterval; tests).
+	reapEvery time.Duration
 }
 
 // New returns a Transport over fallback (nil: a clone of http.DefaultTransport).
@@ -311,11 +314,65 @@ func (t *Transport) put(pc *inlineConn) {
 	}
 	if cs := t.idle[pc.key]; len(cs) < max {
 		t.idle[pc.key] = append(cs, pc)
+		if !t.reaping {
+			t.reaping = true
+			time.AfterFunc(t.reapInterval(), t.reap)
+		}
 		t.mu.Unlock()
 		return
 	}
 	t.mu.Unlock()
 	pc.conn.Close()
+}
+
+// reapInterval is how often idle connections are swept: net/http closes a connection
+// the server closed at once (its reader goroutine sees the end) and an idle one at
+// IdleConnTimeout; without a goroutine per connection, a sweep does both, so a client
+// that stops sending does not keep sockets the server has closed.
+const reapInterval = 15 * time.Second
+
+func (t *Transport) reapInterval() time.Duration {
+	every := reapInterval
+	if t.reapEvery > 0 {
+		every = t.reapEvery
+	}
+	if to := t.Fallback.IdleConnTimeout; to > 0 && to < every {
+		every = to
+	}
+	return every
+}
+
+// reap closes the idle connections past IdleConnTimeout or closed by the server, and
+// schedules the next sweep while any remain.
+func (t *Transport) reap() {
+	now := time.Now()
+	to := t.Fallback.IdleConnTimeout
+	var gone []*inlineConn
+	t.mu.Lock()
+	for key, cs := range t.idle {
+		kept := cs[:0]
+		for _, pc := range cs {
+			if to > 0 && now.Sub(pc.idleAt) >= to || !connAlive(pc.raw) {
+				gone = append(gone, pc)
+				continue
+			}
+			kept = append(kept, pc)
+		}
+		clear(cs[len(kept):])
+		if len(kept) == 0 {
+			delete(t.idle, key)
+		} else {
+			t.idle[key] = kept
+		}
+	}
+	t.reaping = len(t.idle) > 0
+	if t.reaping {
+		time.AfterFunc(t.reapInterval(), t.reap)
+	}
+	t.mu.Unlock()
+	for _, pc := range gone {
+		pc.conn.Close()
+	}
 }
 
 func (t *Transport) dial(ctx context.Context, key string, req *http.Request) (*inlineConn, error) {

@@ -142,6 +142,63 @@ func TestInlineServerClosedIdleConnection(t *testing.T) {
 	}
 }
 
+// Idle connections are closed past IdleConnTimeout, and once the server closed them,
+// without another request.
+func TestInlineReapsIdleConnections(t *testing.T) {
+	var closed atomic.Int64
+	ts := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	ts.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateClosed {
+			closed.Add(1)
+		}
+	}
+	ts.Start()
+	defer ts.Close()
+	get := func(hc *http.Client) {
+		t.Helper()
+		res, err := hc.Get(ts.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.ReadAll(res.Body)
+		res.Body.Close()
+	}
+	idle := func(tr *Transport) int {
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		n := 0
+		for _, cs := range tr.idle {
+			n += len(cs)
+		}
+		return n
+	}
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !ok(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal(what)
+			}
+		}
+	}
+	fb := http.DefaultTransport.(*http.Transport).Clone()
+	fb.IdleConnTimeout = 100 * time.Millisecond
+	hc, tr := inlineClient(fb)
+	get(hc)
+	if idle(tr) != 1 {
+		t.Fatalf("%d idle connections after one request", idle(tr))
+	}
+	waitFor("the idle connection outlived IdleConnTimeout", func() bool { return closed.Load() == 1 && idle(tr) == 0 })
+
+	fb2 := http.DefaultTransport.(*http.Transport).Clone()
+	fb2.IdleConnTimeout = time.Hour
+	hc2, tr2 := inlineClient(fb2)
+	tr2.reapEvery = 50 * time.Millisecond
+	get(hc2)
+	ts.CloseClientConnections()
+	waitFor("a connection the server closed stayed in the pool", func() bool { return idle(tr2) == 0 })
+	get(hc2) // and the next request dials anew
+}
+
 // The request's context interrupts a wait for the answer's head, and a read of its body.
 func TestInlineContextCancels(t *testing.T) {
 	release := make(chan struct{})
