@@ -33,8 +33,8 @@ import (
 // TLSClientConfig, TLSHandshakeTimeout, IdleConnTimeout, MaxIdleConnsPerHost,
 // DisableKeepAlives).
 //
-// Cancellation: the request's context interrupts a blocked write or read (the connection
-// is then closed), while the answer's body is read too, as net/http does.
+// Cancellation: the request's context interrupts a blocked write or read, also while
+// the answer's body is being read, as with net/http; the connection is then closed.
 type Transport struct {
 	Fallback *http.Transport
 
