@@ -58,8 +58,22 @@ type inlineConn struct {
 	conn   net.Conn
 	raw    net.Conn // the TCP connection under TLS (conn itself for plain TCP)
 	br     *bufio.Reader
-	bw     *bufio.Writer
+	bw     *bufio.Writer // writes through sent
+	sent   countingWriter
 	idleAt time.Time
+}
+
+// countingWriter counts the bytes the connection took: a request none of whose bytes left
+// can be sent again on another connection, whatever its method.
+type countingWriter struct {
+	w net.Conn
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }
 
 // inlineWriteBuffer is the size of a connection's write buffer: a request of this size
@@ -151,6 +165,7 @@ func (t *Transport) exchange(ctx context.Context, pc *inlineConn, reused bool, r
 		}
 		return err
 	}
+	pc.sent.n = 0
 	werr := req.Write(pc.bw)
 	if werr == nil {
 		werr = pc.bw.Flush()
@@ -164,9 +179,10 @@ func (t *Transport) exchange(ctx context.Context, pc *inlineConn, reused bool, r
 			res.Close = true
 			return t.wrap(res, pc, stop), false, nil
 		}
-		// Nothing was read and the request never wholly left: the server cannot have
-		// acted on it.
-		return nil, reused && ctx.Err() == nil && (req.Body == nil || req.Body == http.NoBody || req.GetBody != nil), fail(werr)
+		// No answer, and not a byte of the request left (a pooled connection the server
+		// had closed): it can go again on another connection, as net/http does. Once
+		// some bytes left, only the caller can tell whether sending again is safe.
+		return nil, reused && pc.sent.n == 0 && ctx.Err() == nil && (req.Body == nil || req.Body == http.NoBody || req.GetBody != nil), fail(werr)
 	}
 	res, err := readAnswer(pc.br, req)
 	if err != nil {
@@ -409,7 +425,9 @@ func (t *Transport) dial(ctx context.Context, key string, req *http.Request) (*i
 		}
 		conn = tc
 	}
-	return &inlineConn{key: key, conn: conn, raw: raw, br: bufio.NewReaderSize(conn, 16<<10), bw: bufio.NewWriterSize(conn, inlineWriteBuffer)}, nil
+	pc := &inlineConn{key: key, conn: conn, raw: raw, br: bufio.NewReaderSize(conn, 16<<10), sent: countingWriter{w: conn}}
+	pc.bw = bufio.NewWriterSize(&pc.sent, inlineWriteBuffer)
+	return pc, nil
 }
 
 // hostPort is host with the scheme's default port when it names none.

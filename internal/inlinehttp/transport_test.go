@@ -242,6 +242,41 @@ func TestInlineContextCancels(t *testing.T) {
 	res.Body.Close()
 }
 
+// A request some of whose bytes left is never sent again by the transport: here the
+// server drops the connection without an answer while the body is still being written
+// (on a pooled connection, where a request that wrote nothing would be sent again).
+func TestInlineNoResendAfterPartialWrite(t *testing.T) {
+	var drops atomic.Int64
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPut {
+			drops.Add(1)
+			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				conn.Close()
+			}
+			return
+		}
+		io.WriteString(w, "ok")
+	}))
+	defer ts.Close()
+	hc, _ := inlineClient(nil)
+	for i := 0; i < 5; i++ {
+		res, err := hc.Get(ts.URL) // a pooled connection for the PUT
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.ReadAll(res.Body)
+		res.Body.Close()
+		req, _ := http.NewRequest(http.MethodPut, ts.URL, bytes.NewReader(make([]byte, 8<<20)))
+		if res, err := hc.Do(req); err == nil {
+			res.Body.Close()
+			t.Fatalf("a dropped PUT answered %d", res.StatusCode)
+		}
+		if n := drops.Load(); n != int64(i+1) {
+			t.Fatalf("the server saw %d PUTs after %d sent", n, i+1)
+		}
+	}
+}
+
 // Informational answers (103 Early Hints) before the final one are skipped.
 func TestInlineSkipsInformational(t *testing.T) {
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
