@@ -57,7 +57,7 @@ func BenchmarkCommitCluster(b *testing.B) {
 // until the benchmark ends; it returns the host:port of their client and admin listeners.
 func startLoopbackCluster(b *testing.B) (nodes, admins []string) {
 	dir := b.TempDir()
-	bin := buildUrsula(b, dir)
+	bin := testserver.BuildUrsula(b, dir)
 	var httpAddrs, raftAddrs, adminAddrs []string
 	var held []net.Listener // until all nine are picked, so no port repeats
 	for range 9 {
@@ -109,15 +109,6 @@ func startLoopbackCluster(b *testing.B) (nodes, admins []string) {
 		testserver.WaitReady(b, a)
 	}
 	return httpAddrs, adminAddrs
-}
-
-// buildUrsula builds cmd/ursula into dir and returns the binary's path.
-func buildUrsula(b *testing.B, dir string) string {
-	bin := filepath.Join(dir, "ursula")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/ursula").CombinedOutput(); err != nil {
-		b.Fatalf("build ursula: %v\n%s", err, out)
-	}
-	return bin
 }
 
 // clusterLeader is the index of the node that leads group 0, as the node whose admin

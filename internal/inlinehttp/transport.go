@@ -217,11 +217,8 @@ func (t *Transport) wrap(res *http.Response, pc *inlineConn, stop func() bool) *
 		res.TLS = &st
 	}
 	b := &inlineBody{t: t, pc: pc, rc: res.Body, stop: stop, keep: !res.Close}
-	if res.Body == http.NoBody || res.ContentLength == 0 && res.Body != nil && len(res.TransferEncoding) == 0 {
+	if res.Body == http.NoBody { // ReadResponse's body of HEAD, 204, 304 and Content-Length: 0
 		b.finish(true)
-		if res.Body != http.NoBody {
-			res.Body = http.NoBody
-		}
 		return res
 	}
 	res.Body = b

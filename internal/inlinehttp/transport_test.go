@@ -33,6 +33,19 @@ func inlineClient(fallback *http.Transport) (*http.Client, *Transport) {
 	return &http.Client{Transport: t}, t
 }
 
+// get sends a GET to u with hc and reads the answer's body to its end (the connection
+// goes back to the pool).
+func get(t *testing.T, hc *http.Client, u string) (*http.Response, string) {
+	t.Helper()
+	res, err := hc.Get(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	return res, string(b)
+}
+
 func TestInlineReusesOneConnection(t *testing.T) {
 	ts := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
@@ -154,15 +167,6 @@ func TestInlineReapsIdleConnections(t *testing.T) {
 	}
 	ts.Start()
 	defer ts.Close()
-	get := func(hc *http.Client) {
-		t.Helper()
-		res, err := hc.Get(ts.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.ReadAll(res.Body)
-		res.Body.Close()
-	}
 	idle := func(tr *Transport) int {
 		tr.mu.Lock()
 		defer tr.mu.Unlock()
@@ -183,7 +187,7 @@ func TestInlineReapsIdleConnections(t *testing.T) {
 	fb := http.DefaultTransport.(*http.Transport).Clone()
 	fb.IdleConnTimeout = 100 * time.Millisecond
 	hc, tr := inlineClient(fb)
-	get(hc)
+	get(t, hc, ts.URL)
 	if idle(tr) != 1 {
 		t.Fatalf("%d idle connections after one request", idle(tr))
 	}
@@ -193,10 +197,10 @@ func TestInlineReapsIdleConnections(t *testing.T) {
 	fb2.IdleConnTimeout = time.Hour
 	hc2, tr2 := inlineClient(fb2)
 	tr2.reapEvery = 50 * time.Millisecond
-	get(hc2)
+	get(t, hc2, ts.URL)
 	ts.CloseClientConnections()
 	waitFor("a connection the server closed stayed in the pool", func() bool { return idle(tr2) == 0 })
-	get(hc2) // and the next request dials anew
+	get(t, hc2, ts.URL) // and the next request dials anew
 }
 
 // The request's context interrupts a wait for the answer's head, and a read of its body.
@@ -260,12 +264,7 @@ func TestInlineNoResendAfterPartialWrite(t *testing.T) {
 	defer ts.Close()
 	hc, _ := inlineClient(nil)
 	for i := 0; i < 5; i++ {
-		res, err := hc.Get(ts.URL) // a pooled connection for the PUT
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.ReadAll(res.Body)
-		res.Body.Close()
+		get(t, hc, ts.URL) // a pooled connection for the PUT
 		req, _ := http.NewRequest(http.MethodPut, ts.URL, bytes.NewReader(make([]byte, 8<<20)))
 		if res, err := hc.Do(req); err == nil {
 			res.Body.Close()
@@ -288,13 +287,8 @@ func TestInlineSkipsInformational(t *testing.T) {
 	defer ts.Close()
 	hc, _ := inlineClient(nil)
 	for i := 0; i < 2; i++ {
-		res, err := hc.Get(ts.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(res.Body)
-		res.Body.Close()
-		if res.StatusCode != http.StatusCreated || string(b) != "made" {
+		res, b := get(t, hc, ts.URL)
+		if res.StatusCode != http.StatusCreated || b != "made" {
 			t.Fatalf("%d %q", res.StatusCode, b)
 		}
 	}
@@ -372,13 +366,8 @@ func TestInlineTLS(t *testing.T) {
 	fb.TLSClientConfig = ts.Client().Transport.(*http.Transport).TLSClientConfig.Clone()
 	hc, _ := inlineClient(fb)
 	for i := 0; i < 3; i++ {
-		res, err := hc.Get(ts.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(res.Body)
-		res.Body.Close()
-		if string(b) != "HTTP/1.1" || res.TLS == nil || !res.TLS.HandshakeComplete || res.TLS.NegotiatedProtocol == "h2" {
+		res, b := get(t, hc, ts.URL)
+		if b != "HTTP/1.1" || res.TLS == nil || !res.TLS.HandshakeComplete || res.TLS.NegotiatedProtocol == "h2" {
 			t.Fatalf("server saw %q; TLS state %v", b, res.TLS)
 		}
 	}
@@ -405,13 +394,8 @@ func TestInlineProxyGoesToFallback(t *testing.T) {
 	fb := http.DefaultTransport.(*http.Transport).Clone()
 	fb.Proxy = http.ProxyURL(pu)
 	hc, _ := inlineClient(fb)
-	res, err := hc.Get("http://stream.invalid/b/s")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(res.Body)
-	res.Body.Close()
-	if proxied.Load() != 1 || string(b) != "via proxy http://stream.invalid/b/s" {
+	_, b := get(t, hc, "http://stream.invalid/b/s")
+	if proxied.Load() != 1 || b != "via proxy http://stream.invalid/b/s" {
 		t.Fatalf("%d %q", proxied.Load(), b)
 	}
 }

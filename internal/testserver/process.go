@@ -17,10 +17,7 @@ import (
 func StartProcess(tb testing.TB, args ...string) string {
 	tb.Helper()
 	dir := tb.TempDir()
-	bin := filepath.Join(dir, "ursula")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/ursula-go/ursula/cmd/ursula").CombinedOutput(); err != nil {
-		tb.Fatalf("build ursula: %v\n%s", err, out)
-	}
+	bin := BuildUrsula(tb, dir)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
@@ -48,4 +45,14 @@ func WaitReady(tb testing.TB, addr string) {
 		}
 	}
 	tb.Fatalf("server %s not ready", addr)
+}
+
+// BuildUrsula builds cmd/ursula into dir and returns the binary's path.
+func BuildUrsula(tb testing.TB, dir string) string {
+	tb.Helper()
+	bin := filepath.Join(dir, "ursula")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/ursula-go/ursula/cmd/ursula").CombinedOutput(); err != nil {
+		tb.Fatalf("build ursula: %v\n%s", err, out)
+	}
+	return bin
 }
