@@ -108,8 +108,10 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 	return c, nil
 }
 
-// NewTransport returns the keep-alive transport New uses: connections are reused
-// (many idle ones per host, for concurrent writers and live readers), dialing and TLS are
+// NewTransport returns the net/http transport under the InlineTransport New installs: the
+// inline transport dials, resolves, sets up TLS and keeps idle connections by its settings,
+// and hands it what it does not send itself (requests through a proxy). Its settings: many
+// idle connections per host (for concurrent writers and live readers), dialing and TLS are
 // bounded (5 s each), host names are resolved under the rules of dns.go (a lookup at most
 // every 30 s, last addresses kept through failed lookups), and the outbound proxy comes
 // from HTTPS_PROXY, HTTP_PROXY, ALL_PROXY and NO_PROXY as they are when it is made

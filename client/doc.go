@@ -13,4 +13,8 @@
 // nodes.go): the client routes each request to one of them, skips nodes it cannot reach,
 // follows NotLeader answers only to nodes of the list, and refuses a list whose nodes
 // belong to different clusters.
+//
+// Requests go out through InlineTransport (internal/inlinehttp): each HTTP/1.1 exchange
+// runs in the calling goroutine, on kept-alive connections of its own, over the settings
+// of NewTransport.
 package client
