@@ -291,13 +291,12 @@ func (s *Server) handleFlushCold(w http.ResponseWriter, r *http.Request, raw str
 		return
 	}
 	key := segs[0] + "/" + segs[1]
-	// Only the leader of the stream's group flushes it (its record goes through Raft).
-	if lv, ok := s.engine.(engine.LeaderVerifier); ok {
-		if e := leaderError(lv.LeaderHint(key), false); e != nil {
-			drainBody(r)
-			s.writeError(w, r, e)
-			return
-		}
+	// Only the leader of the stream's group flushes it (its record goes through Raft),
+	// once it has applied what its predecessors committed (it looks the stream up).
+	if e := s.confirmLeader(r.Context(), key); e != nil {
+		drainBody(r)
+		s.writeError(w, r, e)
+		return
 	}
 	var hotStart uint64
 	found := false

@@ -2,12 +2,16 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -321,5 +325,73 @@ func TestSnapshotPartsSweep(t *testing.T) {
 			t.Fatalf("the orphan part stays past parts_grace: %v", env.objects("/__parts/"))
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// laggingLeader plays a node elected a moment ago: it leads (LeaderHint says so) but its
+// state has not applied its predecessors' entries yet, so View sees an empty state until
+// a ReadIndex (VerifyLeader) has brought it up to date, as the barrier of a new term does.
+type laggingLeader struct {
+	engine.Engine
+	engine.Groups // the cold tier's need
+	lagging       atomic.Bool
+}
+
+func (l *laggingLeader) LeaderHint(string) error { return nil }
+func (l *laggingLeader) VerifyLeader(context.Context, string) error {
+	l.lagging.Store(false)
+	return nil
+}
+func (l *laggingLeader) View(key string, now int64, fn func(*streamcore.State, *streamcore.Stream)) {
+	if l.lagging.Load() {
+		fn(streamcore.NewState(), nil)
+		return
+	}
+	l.Engine.View(key, now, fn)
+}
+
+// TestPartsOnNewLeaderWaitForItsState: the parts requests (stage, discard, commit) and the
+// cold flush look the stream up before they propose anything, so on a replicated engine
+// they confirm the leadership with a ReadIndex first. On a leader that has not applied its
+// predecessors' entries, the bare leadership hint answered 404 BUCKET_NOT_FOUND for a
+// stream that exists (seen in engine/raft's TestColdSnapshotPartsThreeVoters after a
+// leadership transfer).
+func TestPartsOnNewLeaderWaitForItsState(t *testing.T) {
+	var ll *laggingLeader
+	env := newColdEnv(t, "fs", coldSetup{flushSize: 64 << 10, hotCap: 64 << 20, flushInterval: time.Hour,
+		wrapEngine: func(e engine.Engine) engine.Engine {
+			ll = &laggingLeader{Engine: e, Groups: e.(engine.Groups)}
+			return ll
+		}})
+	p := "/bkt1/newleader"
+	env.create(p, "application/octet-stream")
+	body := []byte(strings.Repeat("page", 1024))
+	if res, b := coldDo(t, "POST", env.url(p), body, "Content-Type", "application/octet-stream"); res.StatusCode != http.StatusNoContent {
+		t.Fatalf("append: %d %s", res.StatusCode, b)
+	}
+	off := streamcore.FormatOffset(uint64(len(body)))
+
+	ll.lagging.Store(true)
+	id := env.stagePart(p, off, body)
+
+	ll.lagging.Store(true)
+	res, b := coldDo(t, "DELETE", env.url(p+"/snapshot/parts"), nil)
+	if res.StatusCode != http.StatusNoContent {
+		t.Fatalf("discard: %d %s", res.StatusCode, b)
+	}
+	id = env.stagePart(p, off, body)
+
+	ll.lagging.Store(true)
+	digest := SnapshotDigest(partsCT, body)
+	if res, b := env.commit(p, off, digest, 1, commitBody(id)); res.StatusCode != http.StatusNoContent || res.Header.Get(streamcore.HdrSnapshotDigest) != digest {
+		t.Fatalf("commit: %d %s", res.StatusCode, b)
+	}
+
+	ll.lagging.Store(true)
+	admin := httptest.NewServer(env.srv.AdminHandler())
+	defer admin.Close()
+	res, b = coldDo(t, "POST", admin.URL+"/__ursula/flush-cold"+p, nil)
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("flush: %d %s", res.StatusCode, b)
 	}
 }

@@ -43,6 +43,7 @@ type coldSetup struct {
 	flushInterval     time.Duration // 0: 20 ms
 	backpressureWait  time.Duration // 0: a write over the cap is refused at once
 	wrapStore         func(coldstore.Store) coldstore.Store
+	wrapEngine        func(engine.Engine) engine.Engine
 }
 
 func newColdEnv(t *testing.T, backend string, cs coldSetup) *coldEnv {
@@ -63,7 +64,11 @@ func newColdEnv(t *testing.T, backend string, cs coldSetup) *coldEnv {
 		env.store = cs.wrapStore(env.store)
 	}
 	eng := engine.NewMemory(0)
-	env.srv = New(eng, Config{ClusterID: "cold-cluster"})
+	var served engine.Engine = eng
+	if cs.wrapEngine != nil {
+		served = cs.wrapEngine(eng)
+	}
+	env.srv = New(served, Config{ClusterID: "cold-cluster"})
 	hot := coldstore.Size(cs.hotCap)
 	interval := cs.flushInterval
 	if interval == 0 {

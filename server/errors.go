@@ -112,21 +112,32 @@ func leaderError(err error, mark bool) *streamcore.Error {
 // HEAD, bootstrap, live-read registration. It answers the refusal itself and returns false
 // when the read must not be served here.
 func (s *Server) verifyLeader(w http.ResponseWriter, r *http.Request, key string) bool {
+	if e := s.confirmLeader(r.Context(), key); e != nil {
+		drainBody(r)
+		s.writeError(w, r, e)
+		return false
+	}
+	return true
+}
+
+// confirmLeader is verifyLeader's check without the answer: nil when this node leads
+// key's group and has applied everything committed (or the engine is not replicated),
+// else the redirect or the no-leader 503. A request that checks the stream's state before
+// it proposes needs it: a node elected a moment ago may not have applied its
+// predecessors' entries yet, so its state could miss a stream that exists.
+func (s *Server) confirmLeader(ctx context.Context, key string) *streamcore.Error {
 	lv, ok := s.engine.(engine.LeaderVerifier)
 	if !ok {
-		return true
+		return nil
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	err := lv.VerifyLeader(ctx, key)
 	if err == nil {
-		return true
+		return nil
 	}
-	e := leaderError(err, false)
-	if e == nil {
-		e = streamcore.Errorf(http.StatusServiceUnavailable, streamcore.CodeNoLeader, "could not confirm leadership of the stream's group").With(streamcore.HdrRetryAfter, "1")
+	if e := leaderError(err, false); e != nil {
+		return e
 	}
-	drainBody(r)
-	s.writeError(w, r, e)
-	return false
+	return streamcore.Errorf(http.StatusServiceUnavailable, streamcore.CodeNoLeader, "could not confirm leadership of the stream's group").With(streamcore.HdrRetryAfter, "1")
 }

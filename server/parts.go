@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/ursula-go/ursula/engine"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -35,7 +34,7 @@ func (s *Server) partsRequest(r *http.Request, key string) (uint64, *streamcore.
 	if s.cold == nil {
 		return 0, noColdStore() // staged parts live in the cold store
 	}
-	if e := s.leaderFor(key); e != nil {
+	if e := s.confirmLeader(r.Context(), key); e != nil {
 		return 0, e
 	}
 	return s.partsTarget(key, ifInc)
@@ -62,14 +61,6 @@ func (s *Server) partsTarget(key string, ifInc uint64) (uint64, *streamcore.Erro
 func incarnationMismatch(inc uint64) *streamcore.Error {
 	return streamcore.Errorf(http.StatusPreconditionFailed, streamcore.CodeIncarnationMismatch, "Stream-Incarnation does not match the stream's current incarnation").
 		With(streamcore.HdrIncarnation, u64(inc))
-}
-
-// leaderFor refuses a parts request on a node that does not lead the stream's group.
-func (s *Server) leaderFor(key string) *streamcore.Error {
-	if lv, ok := s.engine.(engine.LeaderVerifier); ok {
-		return leaderError(lv.LeaderHint(key), false)
-	}
-	return nil
 }
 
 // handleStagePart serves POST {stream}/snapshot/{offset}/parts.
@@ -161,7 +152,7 @@ func (s *Server) handleCommitParts(w http.ResponseWriter, r *http.Request, t *ta
 		s.writeError(w, r, invalidCommit("a commit needs Stream-Snapshot-Digest, the digest of the assembled snapshot"))
 		return
 	}
-	if e := s.leaderFor(t.key); e != nil {
+	if e := s.confirmLeader(r.Context(), t.key); e != nil {
 		s.writeError(w, r, e)
 		return
 	}
