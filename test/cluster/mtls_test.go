@@ -47,9 +47,11 @@ func TestMutualTLSCluster(t *testing.T) {
 	rc, rk := rogue.Issue(t, "node-4").Write(t, dir, "rogue")
 	both := filepath.Join(dir, "both.crt")
 	os.WriteFile(both, append(append([]byte{}, ca.CertPEM...), rogue.CertPEM...), 0o644)
-	httpPort, raftPort := freePort(t), freePort(t)
+	// An admin port of its own: the default (the client port + 1) may be another
+	// process's, and a node that cannot bind it exits before it asks for a vote.
+	httpPort, raftPort, adminPort := freePort(t), freePort(t), freePort(t)
 	var b strings.Builder
-	fmt.Fprintf(&b, "[server]\nlisten = \"127.0.0.1:%d\"\ndata_dir = %q\ncluster_listen = \"127.0.0.1:%d\"\n", httpPort, filepath.Join(dir, "node4"), raftPort)
+	fmt.Fprintf(&b, "[server]\nlisten = \"127.0.0.1:%d\"\nadmin_listen = \"127.0.0.1:%d\"\ndata_dir = %q\ncluster_listen = \"127.0.0.1:%d\"\n", httpPort, adminPort, filepath.Join(dir, "node4"), raftPort)
 	fmt.Fprintf(&b, "[raft]\nnode_id = 4\ngroup_count = 2\ninit_membership_per_group = true\ntls_ca_file = %q\ntls_cert_file = %q\ntls_key_file = %q\n", both, rc, rk)
 	for j, p := range c.raftPorts {
 		fmt.Fprintf(&b, "[[raft.peers]]\nnode_id = %d\nurl = %q\nraft_addr = \"127.0.0.1:%d\"\n", j+1, c.nodes[j].url, p)
