@@ -41,7 +41,9 @@
 // dir/LOCK is held with flock while the journal is open. Segments are
 // dir/NNNNNNNNNNNNNNNNNNNN.seg (20-digit decimal id, starting at 1, no gaps).
 // dir/reserve (4 MiB of zeros) and dir/stable (the stable side file, two
-// slots of 1 MiB) sit beside them (see Full disk and failing writes).
+// slots of 1 MiB) sit beside them (see Full disk and failing writes), and
+// under FsyncAlways dir/prealloc.tmp, the next segment being prepared (see
+// Prepared segments).
 // All integers are little-endian unless stated.
 //
 // Segment header, 32 bytes:
@@ -122,6 +124,28 @@
 // the disk space comes back within the same write, not when the segment
 // fills.
 //
+// # Prepared segments (FsyncAlways)
+//
+// An fsync after a write that extends a file must also commit its new size
+// and block allocation (an ext4 journal commit); after a write into blocks
+// already written it flushes only the data. A 4 KiB write and fsync took
+// 213-244 us extending a file and 114-160 us inside a file already written
+// with zeros on the test VMs (fallocate alone does not help: its blocks are
+// "unwritten", and the first write into them is a metadata change too). So
+// with FsyncAlways a background goroutine writes the next segment full of
+// zeros as dir/prealloc.tmp while the active one fills (each 1 MiB chunk is
+// written back and waited for before the next, so the zeros never queue up
+// ahead of the journal's fsyncs), and syncs it. The roll writes the header
+// and checkpoint into it, syncs it, renames it to its segment name and
+// syncs the directory: a crash leaves either no new segment or one with a
+// valid header. The sealed segment is truncated to its last frame before its
+// sealing fsync, so sealed segments never end in zeros. Open deletes a
+// leftover prealloc.tmp. FsyncNever prepares nothing: it has no fsync to
+// speed up, and the zeros would double the bytes the disk writes. The cost
+// under FsyncAlways is one segment of disk (64 MiB by default) held ahead,
+// and one more write of each segment's bytes; under disk pressure (the
+// DiskGuard refusing writes) no preparation starts.
+//
 // # Recovery
 //
 // Open replays every segment in order, verifying every frame, and rebuilds
@@ -137,6 +161,10 @@
 //     incomplete final frame, "corrupt" for a complete frame that failed
 //     verification, and TruncatedBytes). An engine can use TailDamage to
 //     hold its groups back until a leader confirms them.
+//   - In the last segment, nothing but zeros after the last valid frame is
+//     room, not damage: a prepared segment (see Prepared segments), or blocks
+//     a crash allocated before their data reached them. Nothing is cut; appends
+//     continue where the frames end.
 //   - Damage in the last segment followed by valid frames: the flusher
 //     sets flag 0x01 on the first frame of a write when every byte before it
 //     had been fsynced. If such a frame follows the damage, synced

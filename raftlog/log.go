@@ -137,6 +137,8 @@ type segment struct {
 	// segment is only sealed once it holds more than that, so a checkpoint
 	// bigger than SegmentBytes cannot make the journal roll forever.
 	base int64
+	// zeroTail: the file runs on in zeros after size (a prepared segment, prealloc.go).
+	zeroTail bool
 }
 
 // Log is the node-wide journal. Its methods and those of its GroupStores are
@@ -147,6 +149,7 @@ type Log struct {
 	logf   func(string, ...any)
 	lockF  *os.File
 	segMax int64
+	prep   *preparer // FsyncAlways: the next segment, zero-filled ahead (prealloc.go)
 
 	groupsMu sync.RWMutex
 	groups   map[uint64]*groupState
@@ -255,6 +258,7 @@ func Open(dir string, opt Options) (*Log, error) {
 		return nil, err
 	}
 	l.side, l.sideSlot = side, slot
+	os.Remove(filepath.Join(dir, preallocName)) // a preparation cut short by a stop or crash
 	if err := l.recover(); err != nil {
 		l.closeFiles()
 		return nil, err
@@ -276,6 +280,10 @@ func Open(dir string, opt Options) (*Log, error) {
 		return nil, err
 	}
 	l.reserved = makeReserve(dir)
+	if opt.Fsync == FsyncAlways {
+		l.prep = &preparer{size: l.segMax, dir: dir, logf: l.logf, guard: opt.Guard}
+		l.prep.kick()
+	}
 	go l.flusher()
 	return l, nil
 }
@@ -364,6 +372,13 @@ func (l *Log) recover() error {
 		if _, err := f.ReadAt(rest, end); err != nil {
 			return fmt.Errorf("raftlog: read %s: %w", segName(id), err)
 		}
+		if allZero(rest) {
+			// Zeros after the last frame: a prepared segment's room (prealloc.go), or
+			// blocks a crash allocated before their data reached them. Nothing was
+			// written there; appends continue at end.
+			seg.zeroTail = true
+			continue
+		}
 		if err := l.cutTail(seg, rest, end, derr); err != nil {
 			return err
 		}
@@ -379,7 +394,7 @@ func (l *Log) recover() error {
 	l.active = l.segs[ids[len(ids)-1]]
 	if l.active.size == 0 {
 		// The header itself was torn: rewrite the segment from scratch.
-		return l.initSegment(l.active)
+		return l.initSegment(l.active, false)
 	}
 	return nil
 }
@@ -540,6 +555,9 @@ func (l *Log) startSegment(id uint64) error {
 	if id > 1<<32-1 {
 		return fmt.Errorf("raftlog: segment id %d exceeds 2^32-1", id)
 	}
+	if ok, err := l.startPrepared(id); ok {
+		return err
+	}
 	f, err := os.OpenFile(filepath.Join(l.dir, segName(id)), os.O_CREATE|os.O_RDWR|os.O_EXCL, 0o644)
 	if err != nil {
 		return fmt.Errorf("raftlog: %w", err)
@@ -549,13 +567,13 @@ func (l *Log) startSegment(id uint64) error {
 	l.segs[id] = seg
 	l.segMu.Unlock()
 	l.active = seg
-	return l.initSegment(seg)
+	return l.initSegment(seg, false)
 }
 
 // initSegment writes a segment header followed by a checkpoint of every
 // group's stable values, then syncs file and directory. The checkpoint is why
 // purging older segments never loses votes or terms.
-func (l *Log) initSegment(seg *segment) error {
+func (l *Log) initSegment(seg *segment, prepared bool) error {
 	b := make([]byte, segHeaderSize, 4096)
 	encodeSegHeader(b, seg.id)
 	l.groupsMu.RLock()
@@ -578,8 +596,10 @@ func (l *Log) initSegment(seg *segment) error {
 		sealFrame(b[off:], seg.id, off)
 		off += int64(frameHeaderSize) + int64(leUint32(b[off+8:]))
 	}
-	if err := seg.f.Truncate(0); err != nil {
-		return fmt.Errorf("raftlog: %w", err)
+	if !seg.zeroTail {
+		if err := seg.f.Truncate(0); err != nil {
+			return fmt.Errorf("raftlog: %w", err)
+		}
 	}
 	if _, err := seg.f.WriteAt(b, 0); err != nil {
 		return fmt.Errorf("raftlog: write %s: %w", segName(seg.id), err)
@@ -592,6 +612,11 @@ func (l *Log) initSegment(seg *segment) error {
 	seg.size = int64(len(b))
 	seg.base = seg.size
 	l.segMu.Unlock()
+	if prepared {
+		if err := l.renamePrepared(seg); err != nil {
+			return err
+		}
+	}
 	return syncDir(l.dir)
 }
 
@@ -989,6 +1014,7 @@ func (l *Log) flushPending() error {
 		// Cut what part of the batch got written, so the segment ends at its last
 		// whole frame and a later batch continues there; nothing of it was applied.
 		seg.f.Truncate(seg.size)
+		seg.zeroTail = false
 		l.batch = l.batch[:0]
 		l.pending = l.pending[:0]
 		return fmt.Errorf("raftlog: write %s: %w", segName(seg.id), err)
@@ -1023,6 +1049,13 @@ func (l *Log) flushPending() error {
 // and starts the next one.
 func (l *Log) roll() error {
 	old := l.active
+	if old.zeroTail {
+		// A sealed segment ends at its last frame (recovery reads sealed segments to EOF).
+		if err := old.f.Truncate(old.size); err != nil {
+			return fmt.Errorf("raftlog: truncate %s: %w", segName(old.id), err)
+		}
+		old.zeroTail = false
+	}
 	if err := old.f.Sync(); err != nil {
 		return fmt.Errorf("raftlog: fsync %s: %w", segName(old.id), err)
 	}
@@ -1042,6 +1075,7 @@ func (l *Log) roll() error {
 	l.unsynced = false
 	l.rolled = true
 	l.needPurge = false
+	l.prep.kick()
 	return l.purge()
 }
 
@@ -1128,6 +1162,7 @@ func (l *Log) Close() error {
 	l.qcond.Signal()
 	l.qmu.Unlock()
 	<-l.done
+	l.prep.stop()
 	err := l.failed // a failed journal reports why on Close too
 	if err == nil {
 		// The shutdown record tells the next Open that nothing was lost.

@@ -108,7 +108,7 @@ func TestBitFlipInTailIsCut(t *testing.T) {
 
 func TestGarbageAfterTailIsCut(t *testing.T) {
 	_, data, _ := journalWithTail(t, FsyncNever)
-	for _, junk := range [][]byte{make([]byte, 4096), []byte("NL"), []byte(strings.Repeat("NLgarbage", 50))} {
+	for _, junk := range [][]byte{append(make([]byte, 4095), 1), []byte("NL"), []byte(strings.Repeat("NLgarbage", 50))} {
 		dir := t.TempDir()
 		writeSeg(t, dir, 1, append(append([]byte(nil), data...), junk...))
 		l := openT(t, dir, Options{Logf: func(string, ...any) {}})

@@ -13,3 +13,11 @@ import (
 func startWriteback(f *os.File, off, n int64) {
 	_ = unix.SyncFileRange(int(f.Fd()), off, n, unix.SYNC_FILE_RANGE_WRITE)
 }
+
+// writeback writes [off, off+n) of f to disk and waits for it. The preparation of a
+// segment (prealloc.go) paces itself with it, so the disk never holds more than one
+// chunk of its zeros in its queue ahead of the journal's own fsyncs.
+func writeback(f *os.File, off, n int64) {
+	_ = unix.SyncFileRange(int(f.Fd()), off, n,
+		unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER)
+}
