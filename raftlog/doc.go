@@ -140,7 +140,10 @@
 // syncs the directory: a crash leaves either no new segment or one with a
 // valid header. The sealed segment is truncated to its last frame before its
 // sealing fsync, so sealed segments never end in zeros. Open deletes a
-// leftover prealloc.tmp. FsyncNever prepares nothing: it has no fsync to
+// leftover prealloc.tmp. The segment active at Open, when it is not a
+// prepared one (a new journal's first), is sealed as soon as a prepared one
+// is ready, so a node writing little gets the faster fsyncs without
+// filling a segment first. FsyncNever prepares nothing: it has no fsync to
 // speed up, and the zeros would double the bytes the disk writes. The cost
 // under FsyncAlways is one segment of disk (64 MiB by default) held ahead,
 // and one more write of each segment's bytes; under disk pressure (the

@@ -70,6 +70,9 @@ type Options struct {
 	// Guard learns of ENOSPC, and tells when space is back to restore the reserve. nil:
 	// ENOSPC still leaves the journal usable, but nobody stops the writers.
 	Guard *DiskGuard
+
+	// noPrepare turns prepared segments off (tests that read segment 1's bytes).
+	noPrepare bool
 }
 
 // ErrClosed is returned by every operation after Close.
@@ -150,6 +153,9 @@ type Log struct {
 	lockF  *os.File
 	segMax int64
 	prep   *preparer // FsyncAlways: the next segment, zero-filled ahead (prealloc.go)
+	// openSeg is the segment active when Open returned: under FsyncAlways the journal
+	// leaves it for a prepared one as soon as that is ready (prealloc.go).
+	openSeg uint64
 
 	groupsMu sync.RWMutex
 	groups   map[uint64]*groupState
@@ -280,8 +286,9 @@ func Open(dir string, opt Options) (*Log, error) {
 		return nil, err
 	}
 	l.reserved = makeReserve(dir)
-	if opt.Fsync == FsyncAlways {
+	if opt.Fsync == FsyncAlways && !opt.noPrepare {
 		l.prep = &preparer{size: l.segMax, dir: dir, logf: l.logf, guard: opt.Guard}
+		l.openSeg = l.active.id
 		l.prep.kick()
 	}
 	go l.flusher()
@@ -879,7 +886,7 @@ func (l *Log) syncActive() error {
 func (l *Log) stage(fr []byte) error {
 	n := int64(len(fr))
 	off := l.active.size + int64(len(l.batch))
-	if off+n > l.segMax && off > l.active.base {
+	if off+n > l.segMax && off > l.active.base || l.leaveForPrepared(off) {
 		if err := l.flushPending(); err != nil {
 			return err
 		}

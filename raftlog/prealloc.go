@@ -100,6 +100,24 @@ func (p *preparer) prepare() error {
 	return err
 }
 
+// isReady reports whether a prepared file waits.
+func (p *preparer) isReady() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ready
+}
+
+// leaveForPrepared reports whether the next frame (at off) should go to a prepared
+// segment now rather than when the active one is full: true once, for the segment that
+// was active at Open when it is not a prepared one (a new journal's first, or one an
+// older build or FsyncNever wrote), so that a node writing little does not wait for
+// 64 MiB before its fsyncs get faster. The sealed segment may be small; it is purged
+// like any other.
+func (l *Log) leaveForPrepared(off int64) bool {
+	return l.prep != nil && l.active.id == l.openSeg && !l.active.zeroTail &&
+		off > l.active.base && l.prep.isReady()
+}
+
 // take hands over the prepared file (opened for writing), or nil when none is ready.
 func (p *preparer) take() *os.File {
 	if p == nil {

@@ -174,3 +174,38 @@ func TestZeroTailIsNotDamage(t *testing.T) {
 	checkEntries(t, l.Group(1), 1, 20, 1)
 	checkGroup(t, l.Group(4), 1, 5, 1)
 }
+
+// The segment active at Open is left for a prepared one as soon as that is ready, once:
+// a node writing little gets the faster fsyncs without filling 64 MiB first. A reopen
+// on a prepared segment stays on it.
+func TestLeavesOpenSegmentForPrepared(t *testing.T) {
+	dir := t.TempDir()
+	const segBytes = 64 << 10
+	opt := Options{SegmentBytes: segBytes, Fsync: FsyncAlways}
+	l := openT(t, dir, opt)
+	s := l.Group(1)
+	storeRange(t, s, 1, 2, 1, 2)
+	waitPrepared(t, l)
+	storeRange(t, s, 3, 4, 1, 2)
+	if id := l.Stats().ActiveSegment; id != 2 {
+		t.Fatalf("active segment %d, want the prepared 2", id)
+	}
+	if got := fileSize(t, filepath.Join(dir, segName(2))); got != segBytes {
+		t.Fatalf("segment 2 is %d bytes, want %d", got, segBytes)
+	}
+	waitPrepared(t, l) // the next one: it waits for segment 2 to fill
+	storeRange(t, s, 5, 6, 1, 2)
+	if id := l.Stats().ActiveSegment; id != 2 {
+		t.Fatalf("left a prepared segment early: active %d", id)
+	}
+	l.Close()
+
+	l = openT(t, dir, opt)
+	defer l.Close()
+	waitPrepared(t, l)
+	storeRange(t, l.Group(1), 7, 8, 1, 2)
+	if id := l.Stats().ActiveSegment; id != 2 {
+		t.Fatalf("a reopen on a prepared segment rolled: active %d", id)
+	}
+	checkGroup(t, l.Group(1), 1, 8, 1)
+}

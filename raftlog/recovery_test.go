@@ -139,7 +139,7 @@ func TestDamageInsideLastSegment(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			l := openT(t, dir, Options{Fsync: tc.mode})
+			l := openT(t, dir, Options{Fsync: tc.mode, noPrepare: true}) // all in segment 1
 			var mid int
 			for g := uint64(1); g <= 3; g++ {
 				if g == 2 {
@@ -370,7 +370,7 @@ func TestCleanShutdownReported(t *testing.T) {
 // acknowledged, so it is cut rather than refused.
 func TestTornFinalWriteWithLaterRecordsIsCut(t *testing.T) {
 	dir := t.TempDir()
-	l := openT(t, dir, Options{Fsync: FsyncAlways})
+	l := openT(t, dir, Options{Fsync: FsyncAlways, noPrepare: true}) // all in segment 1
 	s := l.Group(1)
 	storeRange(t, s, 1, 10, 1, 5)
 	start := int(l.Stats().Bytes)
