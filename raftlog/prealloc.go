@@ -56,8 +56,8 @@ func (p *preparer) kick() {
 		p.mu.Lock()
 		p.busy = false
 		p.ready = err == nil
-		logIt := err != nil && !p.failed
-		p.failed = p.failed || err != nil
+		logIt := err != nil && !p.failed && !p.off // a Close cut it short: nothing to say
+		p.failed = p.failed || err != nil && !p.off
 		p.mu.Unlock()
 		if logIt {
 			p.logf("raftlog: cannot prepare the next segment (it will grow as it is written, with slower fsyncs): %v", err)
