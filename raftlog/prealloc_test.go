@@ -209,3 +209,30 @@ func TestLeavesOpenSegmentForPrepared(t *testing.T) {
 	}
 	checkGroup(t, l.Group(1), 1, 8, 1)
 }
+
+// Under disk pressure no preparation starts: the zeros would take room the journal's own
+// writes need.
+func TestNoPreparationUnderDiskPressure(t *testing.T) {
+	dir := t.TempDir()
+	g, err := NewDiskGuard(dir, -1, 1<<62) // no floor; resumes only past 4 EiB free
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.NoSpace()
+	l := openT(t, dir, Options{SegmentBytes: 4 << 10, Fsync: FsyncAlways, Guard: g})
+	defer l.Close()
+	storeRange(t, l.Group(1), 1, 400, 1, 10) // several rolls, none of them prepared
+	if l.Stats().ActiveSegment < 3 {
+		t.Fatalf("want rolls: %+v", l.Stats())
+	}
+	if _, err := os.Stat(filepath.Join(dir, preallocName)); !os.IsNotExist(err) {
+		t.Fatalf("a segment was prepared under disk pressure: %v", err)
+	}
+	l.segMu.RLock()
+	logical := l.segs[l.Stats().ActiveSegment].size
+	l.segMu.RUnlock()
+	if got := fileSize(t, filepath.Join(dir, segName(l.Stats().ActiveSegment))); got != logical {
+		t.Fatalf("the active segment is %d bytes: prepared", got)
+	}
+	checkGroup(t, l.Group(1), 1, 400, 1)
+}
