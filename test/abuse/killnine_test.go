@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -18,7 +20,22 @@ import (
 // raft engine) under 8 concurrent idempotent producers; everything acknowledged survives,
 // once and in order. The long version is TestSoakKillNineUnderProducerLoad.
 func TestKillNineUnderProducerLoad(t *testing.T) {
-	killNineUnderLoad(t, 1, 3*time.Second)
+	killNineUnderLoad(t, 1, 3*time.Second, "")
+}
+
+// TestKillNineFsyncAlways: the same with fsync = "always" and 64 KiB journal segments, so
+// the journal rolls many times into segments prepared full of zeros (raftlog's prepared
+// segments) and each kill -9 leaves the active one running on in zeros after its last
+// frame; two rounds, so the second restart opens a journal that the first one continued
+// inside those zeros.
+func TestKillNineFsyncAlways(t *testing.T) {
+	dataDir := killNineUnderLoad(t, 2, 2*time.Second, "[raft.wal]\nfsync = \"always\"\nsegment_size = 65536\n")
+	// The journal did run on prepared segments: the running node holds the next one ready
+	// (polled: a roll meanwhile starts another preparation).
+	waitFor(t, "a prepared segment beside the journal", func() bool {
+		st, err := os.Stat(filepath.Join(dataDir, "wal", "prealloc.tmp"))
+		return err == nil && st.Size() == 65536
+	})
 }
 
 // TestSoakKillNineUnderProducerLoad (make soak): 5 rounds of kill -9 under load.
@@ -26,7 +43,7 @@ func TestSoakKillNineUnderProducerLoad(t *testing.T) {
 	if !soak() {
 		t.Skip("a soak: URSULA_SOAK=1 (make soak)")
 	}
-	killNineUnderLoad(t, 5, 10*time.Second)
+	killNineUnderLoad(t, 5, 10*time.Second, "")
 }
 
 // killNineUnderLoad runs writers idempotent producers, each appending "%08d\n" of its
@@ -34,10 +51,10 @@ func TestSoakKillNineUnderProducerLoad(t *testing.T) {
 // round lets them run for runFor, SIGKILLs the server and starts it again on the same data
 // directory; then every stream must read back as 0, 1, 2, ... with at least every
 // acknowledged record: nothing acknowledged lost, nothing written twice, nothing reordered.
-func killNineUnderLoad(t *testing.T, rounds int, runFor time.Duration) {
+func killNineUnderLoad(t *testing.T, rounds int, runFor time.Duration, config string) (dataDir string) {
 	const writers = 8
-	dataDir := t.TempDir()
-	n := startConfig(t, dataDir, "")
+	dataDir = t.TempDir()
+	n := startConfig(t, dataDir, config)
 	var base atomic.Pointer[string]
 	base.Store(&n.url)
 	cl, err := ucl.New("", ucl.WithTimeouts(5*time.Second, 10*time.Second))
@@ -118,7 +135,7 @@ func killNineUnderLoad(t *testing.T, rounds int, runFor time.Duration) {
 		n.cmd.Wait()
 		// Acknowledged so far: answered before the kill, so on disk.
 		want, total := snapshot()
-		n = startConfig(t, dataDir, "")
+		n = startConfig(t, dataDir, config)
 		base.Store(&n.url)
 		check(fmt.Sprintf("after kill %d", round), want, false)
 		t.Logf("round %d: %d appends acknowledged before kill -9, all present once and in order after the restart", round, total)
@@ -132,6 +149,7 @@ func killNineUnderLoad(t *testing.T, rounds int, runFor time.Duration) {
 	check("at the end", want, true)
 	n.alive(t)
 	t.Logf("%d rounds, %d appends acknowledged, %d retries across the kills", rounds, total, retries.Load())
+	return dataDir
 }
 
 // readWhole reads a stream from its start until up to date (bounded by ctx).
