@@ -28,6 +28,26 @@ func connCounter(ts *httptest.Server) *atomic.Int64 {
 	return &n
 }
 
+// stallingServer answers a request for which first is true with the head and the line
+// "first\n", flushed, and then, like every other request, holds it until the client goes
+// or the test ends.
+func stallingServer(t *testing.T, first func(*http.Request) bool) *httptest.Server {
+	t.Helper()
+	release := make(chan struct{})
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if first(r) {
+			io.WriteString(w, "first\n")
+			w.(http.Flusher).Flush()
+		}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(func() { close(release); ts.Close() })
+	return ts
+}
+
 func inlineClient(fallback *http.Transport) (*http.Client, *Transport) {
 	t := New(fallback)
 	return &http.Client{Transport: t}, t
@@ -205,19 +225,7 @@ func TestInlineReapsIdleConnections(t *testing.T) {
 
 // The request's context interrupts a wait for the answer's head, and a read of its body.
 func TestInlineContextCancels(t *testing.T) {
-	release := make(chan struct{})
-	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/live" {
-			io.WriteString(w, "first\n")
-			w.(http.Flusher).Flush()
-		}
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-	}))
-	defer ts.Close()
-	defer close(release)
+	ts := stallingServer(t, func(r *http.Request) bool { return r.URL.Path == "/live" })
 	hc, _ := inlineClient(nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
@@ -296,17 +304,7 @@ func TestInlineSkipsInformational(t *testing.T) {
 
 // Closing a live answer's body from another goroutine ends a Read blocked on it.
 func TestInlineCloseEndsBlockedRead(t *testing.T) {
-	release := make(chan struct{})
-	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, "first\n")
-		w.(http.Flusher).Flush()
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-	}))
-	defer ts.Close()
-	defer close(release)
+	ts := stallingServer(t, func(*http.Request) bool { return true })
 	hc, _ := inlineClient(nil)
 	res, err := hc.Get(ts.URL)
 	if err != nil {
