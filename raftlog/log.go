@@ -562,24 +562,28 @@ func (l *Log) startSegment(id uint64) error {
 	if id > 1<<32-1 {
 		return fmt.Errorf("raftlog: segment id %d exceeds 2^32-1", id)
 	}
-	if ok, err := l.startPrepared(id); ok {
-		return err
+	f := l.prep.take() // a prepared file (prealloc.go), renamed into place by initSegment
+	prepared := f != nil
+	if !prepared {
+		var err error
+		f, err = os.OpenFile(filepath.Join(l.dir, segName(id)), os.O_CREATE|os.O_RDWR|os.O_EXCL, 0o644)
+		if err != nil {
+			return fmt.Errorf("raftlog: %w", err)
+		}
 	}
-	f, err := os.OpenFile(filepath.Join(l.dir, segName(id)), os.O_CREATE|os.O_RDWR|os.O_EXCL, 0o644)
-	if err != nil {
-		return fmt.Errorf("raftlog: %w", err)
-	}
-	seg := &segment{id: id, f: f}
+	seg := &segment{id: id, f: f, zeroTail: prepared}
 	l.segMu.Lock()
 	l.segs[id] = seg
 	l.segMu.Unlock()
 	l.active = seg
-	return l.initSegment(seg, false)
+	return l.initSegment(seg, prepared)
 }
 
 // initSegment writes a segment header followed by a checkpoint of every
 // group's stable values, then syncs file and directory. The checkpoint is why
-// purging older segments never loses votes or terms.
+// purging older segments never loses votes or terms. A prepared file (prealloc.go) is
+// renamed to its segment name between the two syncs, so a crash never leaves a named
+// segment without a valid header.
 func (l *Log) initSegment(seg *segment, prepared bool) error {
 	b := make([]byte, segHeaderSize, 4096)
 	encodeSegHeader(b, seg.id)
@@ -620,8 +624,9 @@ func (l *Log) initSegment(seg *segment, prepared bool) error {
 	seg.base = seg.size
 	l.segMu.Unlock()
 	if prepared {
-		if err := l.renamePrepared(seg); err != nil {
-			return err
+		// Header and checkpoint are synced: only now may the file take its name.
+		if err := os.Rename(filepath.Join(l.dir, preallocName), filepath.Join(l.dir, segName(seg.id))); err != nil {
+			return fmt.Errorf("raftlog: %w", err)
 		}
 	}
 	return syncDir(l.dir)

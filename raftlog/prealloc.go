@@ -2,7 +2,6 @@ package raftlog
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -146,31 +145,6 @@ func (p *preparer) stop() {
 	p.off = true
 	p.mu.Unlock()
 	p.wg.Wait()
-}
-
-// startPrepared makes the prepared file segment id: header and checkpoint written and
-// synced, then renamed into place (initSegment syncs the directory). false when no
-// prepared file was ready.
-func (l *Log) startPrepared(id uint64) (bool, error) {
-	f := l.prep.take()
-	if f == nil {
-		return false, nil
-	}
-	seg := &segment{id: id, f: f, zeroTail: true}
-	l.segMu.Lock()
-	l.segs[id] = seg
-	l.segMu.Unlock()
-	l.active = seg
-	return true, l.initSegment(seg, true)
-}
-
-// renamePrepared is initSegment's step between the synced header and the directory
-// sync for a prepared segment.
-func (l *Log) renamePrepared(seg *segment) error {
-	if err := os.Rename(filepath.Join(l.dir, preallocName), filepath.Join(l.dir, segName(seg.id))); err != nil {
-		return fmt.Errorf("raftlog: %w", err)
-	}
-	return nil
 }
 
 // allZero reports whether b holds only zero bytes.

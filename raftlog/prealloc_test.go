@@ -23,6 +23,39 @@ func waitPrepared(t *testing.T, l *Log) {
 	}
 }
 
+// fillUntilRoll stores runs of 10 entries in s from next on until the active segment
+// changes; it returns the next index.
+func fillUntilRoll(t *testing.T, l *Log, s *GroupStore, next uint64) uint64 {
+	t.Helper()
+	before := l.Stats().ActiveSegment
+	for l.Stats().ActiveSegment == before {
+		storeRange(t, s, next, next+9, 1, 10)
+		next += 10
+	}
+	return next
+}
+
+// frameBytes is where segment id's frames end.
+func frameBytes(l *Log, id uint64) int64 {
+	l.segMu.RLock()
+	defer l.segMu.RUnlock()
+	return l.segs[id].size
+}
+
+// copySegments copies the segment files of dir into to, as a crash leaves them.
+func copySegments(t *testing.T, dir, to string) {
+	t.Helper()
+	for _, p := range segFiles(t, dir) {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(to, filepath.Base(p)), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func fileSize(t *testing.T, path string) int64 {
 	t.Helper()
 	st, err := os.Stat(path)
@@ -45,11 +78,7 @@ func TestPreparedSegments(t *testing.T) {
 	next := uint64(1)
 	for round := 0; round < 4; round++ {
 		waitPrepared(t, l)
-		before := l.Stats().ActiveSegment
-		for l.Stats().ActiveSegment == before {
-			storeRange(t, s, next, next+9, 1, 10)
-			next += 10
-		}
+		next = fillUntilRoll(t, l, s, next)
 	}
 	if next < 40 {
 		t.Fatalf("only %d entries", next)
@@ -60,22 +89,13 @@ func TestPreparedSegments(t *testing.T) {
 		t.Fatalf("active segment file is %d bytes, want the prepared %d", got, segBytes)
 	}
 	for id := st.ActiveSegment - 3; id < st.ActiveSegment; id++ {
-		l.segMu.RLock()
-		want := l.segs[id].size
-		l.segMu.RUnlock()
-		if got := fileSize(t, filepath.Join(dir, segName(id))); got != want {
+		if got, want := fileSize(t, filepath.Join(dir, segName(id))), frameBytes(l, id); got != want {
 			t.Fatalf("sealed segment %d: file %d bytes, frames %d", id, got, want)
 		}
 	}
 	// A crash: the files as they are now.
 	crashed := t.TempDir()
-	for _, p := range segFiles(t, dir) {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		os.WriteFile(filepath.Join(crashed, filepath.Base(p)), b, 0o644)
-	}
+	copySegments(t, dir, crashed)
 	os.WriteFile(filepath.Join(crashed, preallocName), make([]byte, 100), 0o644) // a cut-short preparation
 	l.Close()
 
@@ -110,25 +130,16 @@ func TestTornFrameInPreparedSegment(t *testing.T) {
 	l := openT(t, dir, opt)
 	s := l.Group(1)
 	waitPrepared(t, l)
-	next := uint64(1)
-	for l.Stats().ActiveSegment == 1 {
-		storeRange(t, s, next, next+9, 1, 10)
-		next += 10
-	}
+	next := fillUntilRoll(t, l, s, 1)
 	id := l.Stats().ActiveSegment
-	l.segMu.RLock()
-	start := l.segs[id].size
-	l.segMu.RUnlock()
+	start := frameBytes(l, id)
 	storeRange(t, s, next, next+9, 1, 10)
 	path := filepath.Join(dir, segName(id))
 	data, _ := os.ReadFile(path)
 	l.Close()
 	data[start+30] ^= 1 // inside the last record
 	crashed := t.TempDir()
-	for _, p := range segFiles(t, dir) {
-		b, _ := os.ReadFile(p)
-		os.WriteFile(filepath.Join(crashed, filepath.Base(p)), b, 0o644)
-	}
+	copySegments(t, dir, crashed)
 	os.WriteFile(filepath.Join(crashed, segName(id)), data, 0o644)
 	c := openT(t, crashed, opt)
 	defer c.Close()
@@ -228,10 +239,8 @@ func TestNoPreparationUnderDiskPressure(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, preallocName)); !os.IsNotExist(err) {
 		t.Fatalf("a segment was prepared under disk pressure: %v", err)
 	}
-	l.segMu.RLock()
-	logical := l.segs[l.Stats().ActiveSegment].size
-	l.segMu.RUnlock()
-	if got := fileSize(t, filepath.Join(dir, segName(l.Stats().ActiveSegment))); got != logical {
+	id := l.Stats().ActiveSegment
+	if got := fileSize(t, filepath.Join(dir, segName(id))); got != frameBytes(l, id) {
 		t.Fatalf("the active segment is %d bytes: prepared", got)
 	}
 	checkGroup(t, l.Group(1), 1, 400, 1)
