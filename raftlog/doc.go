@@ -12,7 +12,11 @@
 // goroutine and queued for a single flusher goroutine. The flusher takes all
 // queued requests of all groups, writes them with one write(2), fsyncs once
 // if any of them needs it, applies them to the in-memory indexes in file
-// order and only then returns to the callers (group commit). With
+// order and only then returns to the callers (group commit). A caller
+// that finds the journal idle (no write under way, nothing queued) does
+// the flusher's work itself instead of waking it: it yields the processor
+// once, so that goroutines already runnable queue their requests, then
+// writes its own and theirs in one batch. With
 // FsyncNever an append is acknowledged from the page cache (it survives
 // kill -9, not a host crash); with FsyncAlways after fsync. Stable-store
 // writes (terms, votes) are fsynced in both modes. Under FsyncNever the

@@ -8,6 +8,7 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -164,13 +165,16 @@ type Log struct {
 	segs  map[uint64]*segment
 
 	// Queue of requests for the flusher.
-	qmu     sync.Mutex
-	qcond   *sync.Cond
-	queue   []*request
-	writing bool // a writer (the flusher, or a caller of submit) owns the fields below
-	closing bool
-	failed  error // sticky: a write or fsync error ends the journal (not ENOSPC)
-	done    chan struct{}
+	qmu   sync.Mutex
+	qcond *sync.Cond
+	queue []*request
+	// idleBatch is the slice a caller of submit that writes for itself reuses (only
+	// one does at a time: it holds writing).
+	idleBatch []*request
+	writing   bool // a writer (the flusher, or a caller of submit) owns the fields below
+	closing   bool
+	failed    error // sticky: a write or fsync error ends the journal (not ENOSPC)
+	done      chan struct{}
 
 	reap   chan []*segment // purged segments for the reaper, oldest first
 	reaped chan struct{}   // closed when the reaper has finished
@@ -659,13 +663,27 @@ func (l *Log) submit(r *request) error {
 	if !l.writing && len(l.queue) == 0 {
 		// Nobody is writing and nothing waits: write this request here instead of
 		// waking the flusher and waiting to be woken by it (two goroutine switches per
-		// append on an idle node). Requests that arrive meanwhile queue for the flusher,
-		// which takes them all in one batch as soon as this write is done.
+		// append on an idle node). First yield the processor once: the goroutines
+		// already runnable (other groups' Raft loops with entries of their own) run and
+		// queue behind this write, and it takes them along. On a busy node with few
+		// cores this turned one write(2) per request into one per several (0.59 to
+		// 0.15 per append at 64 writers on 2 cores, 1.15-1.2x the throughput); on an
+		// idle one nothing is runnable and the yield returns at once. Requests that
+		// arrive during the write queue for the flusher, which takes them all in one
+		// batch as soon as this write is done.
 		l.writing = true
 		l.qmu.Unlock()
-		one := [1]*request{r}
-		l.writeRequests(one[:])
+		runtime.Gosched()
 		l.qmu.Lock()
+		batch := append(l.idleBatch[:0], r)
+		batch = append(batch, l.queue...)
+		clear(l.queue)
+		l.queue = l.queue[:0]
+		l.qmu.Unlock()
+		l.writeRequests(batch)
+		clear(batch)
+		l.qmu.Lock()
+		l.idleBatch = batch[:0]
 		l.writing = false
 		if len(l.queue) > 0 || l.closing {
 			l.qcond.Signal()

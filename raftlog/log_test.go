@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -677,4 +678,41 @@ func TestGetLogMetaAndEntrySizes(t *testing.T) {
 	l = openT(t, dir, Options{})
 	defer l.Close()
 	check(l.Group(3), 10, 50, rewritten)
+}
+
+// TestIdleWriterTakesRunnableRequests: a caller that finds the journal idle yields once
+// before its write, so requests of goroutines that were already runnable go in the same
+// write. With one processor and no yield, each of them would find the journal idle again
+// after the previous write and write alone.
+func TestIdleWriterTakesRunnableRequests(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	l := openT(t, t.TempDir(), Options{Fsync: FsyncNever})
+	defer l.Close()
+	const writers, rounds = 8, 20
+	for round := uint64(1); round <= rounds; round++ {
+		before := l.Stats()
+		var wg sync.WaitGroup
+		errs := make(chan error, writers)
+		for w := uint64(1); w <= writers; w++ {
+			wg.Add(1)
+			go func(g uint64) {
+				defer wg.Done()
+				if err := l.Group(g).StoreLogs([]*raft.Log{entry(g, round, 1)}); err != nil {
+					errs <- err
+				}
+			}(w)
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		after := l.Stats()
+		if req, wr := after.Requests-before.Requests, after.Writes-before.Writes; req != writers || wr > 2 {
+			t.Fatalf("round %d: %d requests took %d writes, want all %d in at most 2", round, req, wr, writers)
+		}
+	}
+	for g := uint64(1); g <= writers; g++ {
+		checkGroup(t, l.Group(g), 1, rounds, 1)
+	}
 }

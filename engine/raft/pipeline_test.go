@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net"
 	"reflect"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -196,5 +198,54 @@ func TestLinkRefusedFallsBack(t *testing.T) {
 	}
 	if got := <-inner.piped; got != target {
 		t.Fatalf("inner pipeline to %q", got)
+	}
+}
+
+// countingConn is a net.Conn whose writes never block and are counted and kept.
+type countingConn struct {
+	net.Conn
+	mu     sync.Mutex
+	writes int
+	buf    bytes.Buffer
+}
+
+func (c *countingConn) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.writes++
+	return c.buf.Write(b)
+}
+func (c *countingConn) SetWriteDeadline(time.Time) error { return nil }
+
+// TestFrameWriterTakesRunnableFrames: the sender that finds no write in progress yields
+// once, so the frames of goroutines that were already runnable leave in its write. With
+// one processor and no yield, each sender would write its own frame alone.
+func TestFrameWriterTakesRunnableFrames(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	c := &countingConn{}
+	w := &frameWriter{c: c}
+	const senders = 8
+	var wg sync.WaitGroup
+	for g := uint32(1); g <= senders; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := w.send(frameAppendResp, g, uint64(g), func(b []byte) []byte { return append(b, byte(g)) }); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if c.writes > 2 {
+		t.Errorf("%d frames took %d writes, want at most 2", senders, c.writes)
+	}
+	r := bufio.NewReader(&c.buf)
+	seen := map[uint32]bool{}
+	for range senders {
+		kind, group, id, body, err := readLinkFrame(r)
+		if err != nil || kind != frameAppendResp || uint64(group) != id || !bytes.Equal(body, []byte{byte(group)}) || seen[group] {
+			t.Fatalf("frame: %d %d %d %v %v", kind, group, id, body, err)
+		}
+		seen[group] = true
 	}
 }
