@@ -395,3 +395,39 @@ func TestPartsOnNewLeaderWaitForItsState(t *testing.T) {
 		t.Fatalf("flush: %d %s", res.StatusCode, b)
 	}
 }
+
+// TestDeleteOnNewLeaderDropsItsParts: a delete drops the staged parts of the incarnation
+// it removed. That incarnation comes from the apply, not from a read before proposing: on
+// a leader that has not applied its predecessors' entries the read found no stream, and
+// the parts waited for storage.cold.parts_grace.
+func TestDeleteOnNewLeaderDropsItsParts(t *testing.T) {
+	var ll *laggingLeader
+	env := newColdEnv(t, "fs", coldSetup{flushSize: 64 << 10, hotCap: 64 << 20, flushInterval: time.Hour, partsGrace: time.Hour,
+		wrapEngine: func(e engine.Engine) engine.Engine {
+			ll = &laggingLeader{Engine: e, Groups: e.(engine.Groups)}
+			return ll
+		}})
+	env.create("/bkt1/kept", "application/octet-stream")
+	env.create("/bkt1/gone", "application/octet-stream")
+	env.stagePart("/bkt1/kept", z0, []byte("kept"))
+	env.stagePart("/bkt1/gone", z0, []byte("deleted with its stream"))
+	if got := env.objects("/__parts/"); len(got) != 2 {
+		t.Fatalf("staged: %v", got)
+	}
+	ll.lagging.Store(true)
+	if res, b := coldDo(t, "DELETE", env.url("/bkt1/gone"), nil); res.StatusCode != http.StatusNoContent {
+		t.Fatalf("delete: %d %s", res.StatusCode, b)
+	}
+	ll.lagging.Store(false)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got := env.objects("/__parts/")
+		if len(got) == 1 && strings.Contains(got[0], "kept") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("parts after the delete: %v (want only /bkt1/kept's)", got)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

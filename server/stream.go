@@ -229,12 +229,6 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request, t *target)
 		s.writeError(w, r, e) // a body without Content-Length is refused once it crosses the limit
 		return
 	}
-	var before uint64 // the incarnation deleted, for its staged snapshot parts
-	s.engine.View(t.key, s.now(), func(_ *streamcore.State, str *streamcore.Stream) {
-		if str != nil {
-			before = str.Incarnation
-		}
-	})
 	res, e := s.propose(r.Context(), &streamcore.Command{Op: streamcore.OpDelete, Key: t.key, Now: s.now(), IfIncarnation: inc})
 	if e != nil {
 		s.writeError(w, r, e)
@@ -242,7 +236,9 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request, t *target)
 	}
 	s.writeResult(w, r, t, res)
 	if res.Err == nil {
-		s.cold.StreamDeleted(t.key, before)
+		// The incarnation the apply removed, not one read here before proposing: a
+		// leader elected a moment ago may not have applied its predecessors' entries.
+		s.cold.StreamDeleted(t.key, res.Deleted)
 	}
 }
 

@@ -135,6 +135,10 @@ type Result struct {
 	Changed bool // readers of Key may have new bytes or a new state
 	// Purged lists the streams a bucket purge removed (OpPurgeBucket only).
 	Purged []PurgedStream
+	// Deleted is the incarnation a delete removed (OpDelete only; not an answer header),
+	// read in the apply itself, so a node that proposed the delete before it applied its
+	// predecessors' entries still learns which incarnation went.
+	Deleted uint64
 }
 
 func (r *Result) set(name, value string) { r.Headers = append(r.Headers, Header{name, value}) }
@@ -446,7 +450,7 @@ func (st *State) deleteCmd(c *Command) Result {
 		delete(st.Streams, c.Key)
 		st.drop(s)
 	}
-	return Result{Status: http.StatusNoContent, Changed: true}
+	return Result{Status: http.StatusNoContent, Changed: true, Deleted: s.Incarnation}
 }
 
 // drop releases what a removed stream holds on its fork source, cascading through
