@@ -14,9 +14,10 @@
 // if any of them needs it, applies them to the in-memory indexes in file
 // order and only then returns to the callers (group commit). A caller
 // that finds the journal idle (no write under way, nothing queued) does
-// the flusher's work itself instead of waking it: it yields the processor
-// once, so that goroutines already runnable queue their requests, then
-// writes its own and theirs in one batch. With
+// the flusher's work itself instead of waking it. When a write of the last
+// 10 ms had company (more than one request, or requests queued during it),
+// it first yields the processor once, so that goroutines already runnable
+// queue their requests, and writes its own and theirs in one batch. With
 // FsyncNever an append is acknowledged from the page cache (it survives
 // kill -9, not a host crash); with FsyncAlways after fsync. Stable-store
 // writes (terms, votes) are fsynced in both modes. Under FsyncNever the

@@ -680,24 +680,25 @@ func TestGetLogMetaAndEntrySizes(t *testing.T) {
 	check(l.Group(3), 10, 50, rewritten)
 }
 
-// TestIdleWriterTakesRunnableRequests: a caller that finds the journal idle yields once
-// before its write, so requests of goroutines that were already runnable go in the same
-// write. With one processor and no yield, each of them would find the journal idle again
-// after the previous write and write alone.
+// TestIdleWriterTakesRunnableRequests: shortly after a write that had company, a caller
+// that finds the journal idle yields once before its write, so requests of goroutines that were
+// already runnable go in the same write. With one processor and no yield, each of them
+// would find the journal idle again after the previous write and write alone.
 func TestIdleWriterTakesRunnableRequests(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	defer func(w time.Duration) { busyWindow = w }(busyWindow)
+	busyWindow = time.Minute // a slow machine may take the window between rounds
 	l := openT(t, t.TempDir(), Options{Fsync: FsyncNever})
 	defer l.Close()
 	const writers, rounds = 8, 20
-	for round := uint64(1); round <= rounds; round++ {
-		before := l.Stats()
+	store := func(index uint64) {
 		var wg sync.WaitGroup
 		errs := make(chan error, writers)
 		for w := uint64(1); w <= writers; w++ {
 			wg.Add(1)
 			go func(g uint64) {
 				defer wg.Done()
-				if err := l.Group(g).StoreLogs([]*raft.Log{entry(g, round, 1)}); err != nil {
+				if err := l.Group(g).StoreLogs([]*raft.Log{entry(g, index, 1)}); err != nil {
 					errs <- err
 				}
 			}(w)
@@ -707,6 +708,31 @@ func TestIdleWriterTakesRunnableRequests(t *testing.T) {
 		for err := range errs {
 			t.Fatal(err)
 		}
+	}
+	if !l.companyAt.IsZero() {
+		t.Fatal("a fresh journal had company")
+	}
+	// A write with company: the requests queue while a write is under way (held here),
+	// and the flusher takes them in one batch.
+	l.qmu.Lock()
+	l.writing = true
+	l.qmu.Unlock()
+	done := make(chan struct{})
+	go func() { store(1); close(done) }()
+	for queued := 0; queued < writers; {
+		runtime.Gosched()
+		l.qmu.Lock()
+		queued = len(l.queue)
+		l.qmu.Unlock()
+	}
+	l.qmu.Lock()
+	l.writing = false
+	l.qcond.Signal()
+	l.qmu.Unlock()
+	<-done
+	for round := uint64(2); round <= rounds; round++ {
+		before := l.Stats()
+		store(round)
 		after := l.Stats()
 		if req, wr := after.Requests-before.Requests, after.Writes-before.Writes; req != writers || wr > 2 {
 			t.Fatalf("round %d: %d requests took %d writes, want all %d in at most 2", round, req, wr, writers)
@@ -714,5 +740,13 @@ func TestIdleWriterTakesRunnableRequests(t *testing.T) {
 	}
 	for g := uint64(1); g <= writers; g++ {
 		checkGroup(t, l.Group(g), 1, rounds, 1)
+	}
+	// A lone write does not count as company.
+	l.qmu.Lock()
+	l.companyAt = time.Time{}
+	l.qmu.Unlock()
+	storeRange(t, l.Group(100), 1, 2, 1, 1)
+	if !l.companyAt.IsZero() {
+		t.Fatal("lone writes counted as company")
 	}
 }

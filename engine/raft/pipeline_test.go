@@ -217,13 +217,22 @@ func (c *countingConn) Write(b []byte) (int, error) {
 }
 func (c *countingConn) SetWriteDeadline(time.Time) error { return nil }
 
-// TestFrameWriterTakesRunnableFrames: the sender that finds no write in progress yields
-// once, so the frames of goroutines that were already runnable leave in its write. With
-// one processor and no yield, each sender would write its own frame alone.
+// TestFrameWriterTakesRunnableFrames: on a busy link, the sender that finds no write in
+// progress yields once, so the frames of goroutines that were already runnable leave in
+// its write. With one processor and no yield, each sender would write its own frame
+// alone. A write of one frame alone does not make the link busy.
 func TestFrameWriterTakesRunnableFrames(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	defer func(w time.Duration) { linkBusyWindow = w }(linkBusyWindow)
+	linkBusyWindow = time.Minute // a slow machine may take the window to start the senders
 	c := &countingConn{}
 	w := &frameWriter{c: c}
+	if err := w.send(frameAppendResp, 9, 9, func(b []byte) []byte { return append(b, 9) }); err != nil || !w.companyAt.IsZero() {
+		t.Fatalf("a lone frame: %v, link busy since %v", err, w.companyAt)
+	}
+	c.writes = 0
+	c.buf.Reset()
+	w.companyAt = time.Now() // as after a write of several frames
 	const senders = 8
 	var wg sync.WaitGroup
 	for g := uint32(1); g <= senders; g++ {
