@@ -681,9 +681,9 @@ func TestGetLogMetaAndEntrySizes(t *testing.T) {
 }
 
 // TestIdleWriterTakesRunnableRequests: shortly after a write that had company, a caller
-// that finds the journal idle yields once before its write, so requests of goroutines that were
-// already runnable go in the same write. With one processor and no yield, each of them
-// would find the journal idle again after the previous write and write alone.
+// that finds the journal idle yields once before its write, so requests of goroutines
+// that were already runnable go in the same write. With one processor and no yield, each
+// of them would find the journal idle again after the previous write and write alone.
 func TestIdleWriterTakesRunnableRequests(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	defer func(w time.Duration) { busyWindow = w }(busyWindow)
