@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -173,6 +174,9 @@ type MetricsSnapshot struct {
 	Cold               *coldtier.Stats    `json:"cold,omitempty"` // with a cold store
 	Raft               any                `json:"raft,omitempty"` // raft engine: GET /__ursula/raft/status
 	Memory             MemoryStats        `json:"memory"`
+	// GoMaxProcs is the Go scheduler's P count now (`ursula server` sizes it to the load:
+	// runtime.adaptive_procs).
+	GoMaxProcs int `json:"gomaxprocs"`
 }
 
 // Snapshot returns the current metrics.
@@ -187,6 +191,7 @@ func (s *Server) MetricsSnapshot() MetricsSnapshot {
 		AppendBytes:        s.metrics.appendBytes.Load(),
 		ReadBytes:          s.metrics.readBytes.Load(),
 		Memory:             readMemoryStats(),
+		GoMaxProcs:         runtime.GOMAXPROCS(0),
 		Requests:           map[string]uint64{},
 		RequestSecs:        map[string]float64{},
 	}
@@ -229,6 +234,7 @@ func (s *Server) handleMetricsProm(w http.ResponseWriter, r *http.Request) {
 	gauge("ursula_memory_heap_live_bytes", "Go heap found live by the last collection.", ms.Memory.HeapLiveBytes)
 	gauge("ursula_memory_rss_bytes", "Resident set size of the process.", ms.Memory.RSSBytes)
 	gauge("ursula_goroutines", "Goroutines of the process.", ms.Memory.Goroutines)
+	gauge("ursula_gomaxprocs", "The Go scheduler's P count now (runtime.adaptive_procs sizes it to the load).", ms.GoMaxProcs)
 	if c := ms.Cold; c != nil {
 		coldProm(c, gauge, counter)
 	}

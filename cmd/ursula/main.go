@@ -382,6 +382,9 @@ func runServer(args []string, stderr io.Writer) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// Started once the engine is open: a restart restores its groups on every CPU.
+	pc := fc.Runtime.startProcs(clusterSize(len(fc.Raft.Peers), joining))
+	defer pc.Stop()
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(cln) }()
 	select {

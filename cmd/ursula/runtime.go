@@ -2,7 +2,10 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"runtime"
+
+	"github.com/ursula-go/ursula/internal/procs"
 )
 
 // runtimeConfig is the [runtime] section of the config file.
@@ -10,6 +13,24 @@ type runtimeConfig struct {
 	// LiveReadMaxWaitersPerCore bounds the live readers (long-poll and SSE) a node holds,
 	// per CPU it runs on; 0 disables the bound, absent keeps the default of 65536.
 	LiveReadMaxWaitersPerCore *int64 `toml:"live_read_max_waiters_per_core"`
+	// AdaptiveProcs runs the process on one P while its goroutines want about one CPU
+	// and on every P once they queue for more (internal/procs). Absent: on for a node
+	// without peers, off for a member of a cluster (where it was not measured faster). A
+	// GOMAXPROCS environment variable turns it off: the operator chose.
+	AdaptiveProcs *bool `toml:"adaptive_procs"`
+}
+
+// startProcs starts the P controller when the config and the environment let it; nil
+// when they do not.
+func (rc runtimeConfig) startProcs(clusterMembers int) *procs.Controller {
+	on := clusterMembers <= 1
+	if rc.AdaptiveProcs != nil {
+		on = *rc.AdaptiveProcs
+	}
+	if !on || os.Getenv("GOMAXPROCS") != "" {
+		return nil
+	}
+	return procs.Start(procs.Config{})
 }
 
 // maxLiveReaders is the node-wide bound for server.Config.MaxLiveReaders: 0 for the

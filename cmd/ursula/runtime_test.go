@@ -2,11 +2,17 @@ package main
 
 import (
 	"bytes"
+	"io"
+	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/BurntSushi/toml"
 )
@@ -36,4 +42,98 @@ func TestLiveReadWaitersConfigKey(t *testing.T) {
 	if code := run([]string{"server", "--config", cfg, "--data", t.TempDir()}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "live_read_max_waiters_per_core") {
 		t.Fatalf("negative bound: %d %q", code, errb.String())
 	}
+}
+
+// runtime.adaptive_procs: a node without peers sizes its Ps to the load (idle: one P,
+// shown by the ursula_gomaxprocs gauge); false, or a GOMAXPROCS in the environment, keeps
+// the runtime's count; a cluster member has it off unless the key turns it on.
+func TestAdaptiveProcs(t *testing.T) {
+	max := runtime.GOMAXPROCS(0)
+	if max < 2 {
+		t.Skip("one CPU: nothing to size")
+	}
+	bin := filepath.Join(t.TempDir(), "ursula")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	gauge := func(base string) int {
+		res, err := http.Get(base + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "ursula_gomaxprocs "); ok {
+				n, err := strconv.Atoi(v)
+				if err != nil {
+					t.Fatalf("ursula_gomaxprocs %q", v)
+				}
+				return n
+			}
+		}
+		t.Fatalf("no ursula_gomaxprocs in /metrics:\n%s", b)
+		return 0
+	}
+	serve := func(config string, env ...string) (base string, stop func()) {
+		dir := t.TempDir()
+		cfg := filepath.Join(dir, "c.toml")
+		os.WriteFile(cfg, []byte(config), 0o644)
+		cmd := exec.Command(bin, "server", "--config", cfg, "--listen", "127.0.0.1:0", "--admin-listen", "off", "--data", filepath.Join(dir, "data"))
+		cmd.Env = append(os.Environ(), env...)
+		var logs syncBuffer
+		cmd.Stderr = &logs
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		stop = func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() }
+		for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if addr := clientAddr(logs.String()); addr != "" {
+				return "http://" + addr, stop
+			}
+		}
+		stop()
+		t.Fatalf("server did not start: %s", logs.String())
+		return "", nil
+	}
+	// settles reports the gauge once it reads want, or the last reading after 3 s.
+	settles := func(base string, want int) int {
+		got := 0
+		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if got = gauge(base); got == want {
+				break
+			}
+		}
+		return got
+	}
+
+	base, stop := serve("")
+	if got := settles(base, 1); got != 1 {
+		t.Errorf("default, idle: ursula_gomaxprocs %d, want 1", got)
+	}
+	stop()
+	for _, c := range []struct {
+		name, config string
+		env          []string
+	}{
+		{"adaptive_procs = false", "[runtime]\nadaptive_procs = false\n", nil},
+		{"GOMAXPROCS set", "", []string{"GOMAXPROCS=" + strconv.Itoa(max)}},
+	} {
+		base, stop := serve(c.config, c.env...)
+		if got := settles(base, 1); got != max {
+			t.Errorf("%s, idle: ursula_gomaxprocs %d, want %d", c.name, got, max)
+		}
+		stop()
+	}
+	var on, off fileConfig
+	toml.Decode("[runtime]\nadaptive_procs = true\n", &on)
+	if pc := off.Runtime.startProcs(3); pc != nil {
+		pc.Stop()
+		t.Error("a cluster member started the controller without the key")
+	}
+	pc := on.Runtime.startProcs(3)
+	if pc == nil {
+		t.Error("adaptive_procs = true did not start the controller on a cluster member")
+	}
+	pc.Stop()
 }
