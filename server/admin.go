@@ -15,6 +15,7 @@ import (
 
 	"github.com/ursula-go/ursula/coldtier"
 	"github.com/ursula-go/ursula/engine"
+	"github.com/ursula-go/ursula/internal/procs"
 	"github.com/ursula-go/ursula/streamcore"
 )
 
@@ -176,7 +177,8 @@ type MetricsSnapshot struct {
 	Memory             MemoryStats        `json:"memory"`
 	// GoMaxProcs is the Go scheduler's P count now (`ursula server` sizes it to the load:
 	// runtime.adaptive_procs).
-	GoMaxProcs int `json:"gomaxprocs"`
+	GoMaxProcs        int    `json:"gomaxprocs"`
+	GoMaxProcsChanges uint64 `json:"gomaxprocs_changes_total"`
 }
 
 // Snapshot returns the current metrics.
@@ -192,6 +194,7 @@ func (s *Server) MetricsSnapshot() MetricsSnapshot {
 		ReadBytes:          s.metrics.readBytes.Load(),
 		Memory:             readMemoryStats(),
 		GoMaxProcs:         runtime.GOMAXPROCS(0),
+		GoMaxProcsChanges:  procs.Changes(),
 		Requests:           map[string]uint64{},
 		RequestSecs:        map[string]float64{},
 	}
@@ -235,6 +238,7 @@ func (s *Server) handleMetricsProm(w http.ResponseWriter, r *http.Request) {
 	gauge("ursula_memory_rss_bytes", "Resident set size of the process.", ms.Memory.RSSBytes)
 	gauge("ursula_goroutines", "Goroutines of the process.", ms.Memory.Goroutines)
 	gauge("ursula_gomaxprocs", "The Go scheduler's P count now (runtime.adaptive_procs sizes it to the load).", ms.GoMaxProcs)
+	counter("ursula_gomaxprocs_changes_total", "Changes of the P count by runtime.adaptive_procs.", ms.GoMaxProcsChanges)
 	if c := ms.Cold; c != nil {
 		coldProm(c, gauge, counter)
 	}

@@ -382,8 +382,11 @@ func runServer(args []string, stderr io.Writer) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	// Started once the engine is open: a restart restores its groups on every CPU.
-	pc := fc.Runtime.startProcs(clusterSize(len(fc.Raft.Peers), joining))
+	// Started once the engine is open: a restart restores its groups on every CPU. Off
+	// by default where one P was measured slower: a cluster member (followers), and a
+	// journal that fsyncs every append (a P held in fdatasync stalls the rest).
+	fsyncAll := engineName == "raft" && fc.Raft.WAL.Fsync == "always"
+	pc := fc.Runtime.startProcs(clusterSize(len(fc.Raft.Peers), joining) <= 1 && !fsyncAll)
 	defer pc.Stop()
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(cln) }()

@@ -15,15 +15,16 @@ type runtimeConfig struct {
 	LiveReadMaxWaitersPerCore *int64 `toml:"live_read_max_waiters_per_core"`
 	// AdaptiveProcs runs the process on one P while its goroutines want about one CPU
 	// and on every P once they queue for more (internal/procs). Absent: on for a node
-	// without peers, off for a member of a cluster (where it was not measured faster). A
-	// GOMAXPROCS environment variable turns it off: the operator chose.
+	// without peers that does not fsync every append; off for a member of a cluster and
+	// under raft.wal.fsync = "always", where it was measured slower (docs/performance.md).
+	// A GOMAXPROCS environment variable turns it off: the operator chose.
 	AdaptiveProcs *bool `toml:"adaptive_procs"`
 }
 
-// startProcs starts the P controller when the config and the environment let it; nil
-// when they do not.
-func (rc runtimeConfig) startProcs(clusterMembers int) *procs.Controller {
-	on := clusterMembers <= 1
+// startProcs starts the P controller when the config and the environment let it, nil
+// when they do not. byDefault is whether it runs when the config file does not say.
+func (rc runtimeConfig) startProcs(byDefault bool) *procs.Controller {
+	on := byDefault
 	if rc.AdaptiveProcs != nil {
 		on = *rc.AdaptiveProcs
 	}

@@ -56,7 +56,7 @@ func TestAdaptiveProcs(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
-	gauge := func(base string) int {
+	metric := func(base, name string) int {
 		res, err := http.Get(base + "/metrics")
 		if err != nil {
 			t.Fatal(err)
@@ -64,17 +64,18 @@ func TestAdaptiveProcs(t *testing.T) {
 		defer res.Body.Close()
 		b, _ := io.ReadAll(res.Body)
 		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "ursula_gomaxprocs "); ok {
+			if v, ok := strings.CutPrefix(line, name+" "); ok {
 				n, err := strconv.Atoi(v)
 				if err != nil {
-					t.Fatalf("ursula_gomaxprocs %q", v)
+					t.Fatalf("%s %q", name, v)
 				}
 				return n
 			}
 		}
-		t.Fatalf("no ursula_gomaxprocs in /metrics:\n%s", b)
+		t.Fatalf("no %s in /metrics:\n%s", name, b)
 		return 0
 	}
+	gauge := func(base string) int { return metric(base, "ursula_gomaxprocs") }
 	serve := func(config string, env ...string) (base string, stop func()) {
 		dir := t.TempDir()
 		cfg := filepath.Join(dir, "c.toml")
@@ -111,6 +112,9 @@ func TestAdaptiveProcs(t *testing.T) {
 	if got := settles(base, 1); got != 1 {
 		t.Errorf("default, idle: ursula_gomaxprocs %d, want 1", got)
 	}
+	if n := metric(base, "ursula_gomaxprocs_changes_total"); n < 1 {
+		t.Errorf("default, idle: ursula_gomaxprocs_changes_total %d, want at least 1", n)
+	}
 	stop()
 	for _, c := range []struct {
 		name, config string
@@ -118,22 +122,26 @@ func TestAdaptiveProcs(t *testing.T) {
 	}{
 		{"adaptive_procs = false", "[runtime]\nadaptive_procs = false\n", nil},
 		{"GOMAXPROCS set", "", []string{"GOMAXPROCS=" + strconv.Itoa(max)}},
+		{"fsync = always", "[raft.wal]\nfsync = \"always\"\n", nil},
 	} {
 		base, stop := serve(c.config, c.env...)
 		if got := settles(base, 1); got != max {
 			t.Errorf("%s, idle: ursula_gomaxprocs %d, want %d", c.name, got, max)
 		}
+		if n := metric(base, "ursula_gomaxprocs_changes_total"); n != 0 {
+			t.Errorf("%s: ursula_gomaxprocs_changes_total %d, want 0", c.name, n)
+		}
 		stop()
 	}
 	var on, off fileConfig
 	toml.Decode("[runtime]\nadaptive_procs = true\n", &on)
-	if pc := off.Runtime.startProcs(3); pc != nil {
+	if pc := off.Runtime.startProcs(false); pc != nil {
 		pc.Stop()
-		t.Error("a cluster member started the controller without the key")
+		t.Error("the controller started where it is off by default, without the key")
 	}
-	pc := on.Runtime.startProcs(3)
+	pc := on.Runtime.startProcs(false)
 	if pc == nil {
-		t.Error("adaptive_procs = true did not start the controller on a cluster member")
+		t.Error("adaptive_procs = true did not start the controller where it is off by default")
 	}
 	pc.Stop()
 }

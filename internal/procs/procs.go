@@ -57,6 +57,14 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// changes counts every controller's changes of GOMAXPROCS in this process (the setting is
+// the process's, so is its count).
+var changes atomic.Uint64
+
+// Changes is how many times a controller changed GOMAXPROCS in this process: a count that
+// climbs fast means a load at the boundary (metrics: ursula_gomaxprocs_changes_total).
+func Changes() uint64 { return changes.Load() }
+
 // Controller sets GOMAXPROCS to 1 or Config.Max as the load asks.
 type Controller struct {
 	cfg     Config
@@ -144,6 +152,7 @@ func (c *Controller) set(p int) {
 	runtime.GOMAXPROCS(p)
 	c.procs.Store(int64(p))
 	c.changes.Add(1)
+	changes.Add(1)
 }
 
 // state is what a decision carries to the next: the P count and how many windows in a
