@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -56,7 +55,7 @@ func TestAdaptiveProcs(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
-	metric := func(base, name string) int {
+	metric := func(t *testing.T, base, name string) int {
 		res, err := http.Get(base + "/metrics")
 		if err != nil {
 			t.Fatal(err)
@@ -75,63 +74,52 @@ func TestAdaptiveProcs(t *testing.T) {
 		t.Fatalf("no %s in /metrics:\n%s", name, b)
 		return 0
 	}
-	gauge := func(base string) int { return metric(base, "ursula_gomaxprocs") }
-	serve := func(config string, env ...string) (base string, stop func()) {
+	serve := func(t *testing.T, config string) string {
 		dir := t.TempDir()
 		cfg := filepath.Join(dir, "c.toml")
 		os.WriteFile(cfg, []byte(config), 0o644)
-		cmd := exec.Command(bin, "server", "--config", cfg, "--listen", "127.0.0.1:0", "--admin-listen", "off", "--data", filepath.Join(dir, "data"))
-		cmd.Env = append(os.Environ(), env...)
-		var logs syncBuffer
-		cmd.Stderr = &logs
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		stop = func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() }
-		for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-			if addr := clientAddr(logs.String()); addr != "" {
-				return "http://" + addr, stop
-			}
-		}
-		stop()
-		t.Fatalf("server did not start: %s", logs.String())
-		return "", nil
+		return startLogged(t, bin, "ursula listening", "server", "--config", cfg, "--listen", "127.0.0.1:0", "--admin-listen", "off", "--data", filepath.Join(dir, "data"))
 	}
 	// settles reports the gauge once it reads want, or the last reading after 3 s.
-	settles := func(base string, want int) int {
+	settles := func(t *testing.T, base string, want int) int {
 		got := 0
 		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-			if got = gauge(base); got == want {
+			if got = metric(t, base, "ursula_gomaxprocs"); got == want {
 				break
 			}
 		}
 		return got
 	}
 
-	base, stop := serve("")
-	if got := settles(base, 1); got != 1 {
-		t.Errorf("default, idle: ursula_gomaxprocs %d, want 1", got)
-	}
-	if n := metric(base, "ursula_gomaxprocs_changes_total"); n < 1 {
-		t.Errorf("default, idle: ursula_gomaxprocs_changes_total %d, want at least 1", n)
-	}
-	stop()
+	t.Run("default", func(t *testing.T) {
+		base := serve(t, "")
+		if got := settles(t, base, 1); got != 1 {
+			t.Errorf("default, idle: ursula_gomaxprocs %d, want 1", got)
+		}
+		if n := metric(t, base, "ursula_gomaxprocs_changes_total"); n < 1 {
+			t.Errorf("default, idle: ursula_gomaxprocs_changes_total %d, want at least 1", n)
+		}
+	})
 	for _, c := range []struct {
 		name, config string
-		env          []string
+		env          string
 	}{
-		{"adaptive_procs = false", "[runtime]\nadaptive_procs = false\n", nil},
-		{"GOMAXPROCS set", "", []string{"GOMAXPROCS=" + strconv.Itoa(max)}},
-		{"fsync = always", "[raft.wal]\nfsync = \"always\"\n", nil},
+		{"adaptive_procs = false", "[runtime]\nadaptive_procs = false\n", ""},
+		{"GOMAXPROCS set", "", strconv.Itoa(max)},
+		{"fsync = always", "[raft.wal]\nfsync = \"always\"\n", ""},
 	} {
-		base, stop := serve(c.config, c.env...)
-		if got := settles(base, 1); got != max {
-			t.Errorf("%s, idle: ursula_gomaxprocs %d, want %d", c.name, got, max)
-		}
-		if n := metric(base, "ursula_gomaxprocs_changes_total"); n != 0 {
-			t.Errorf("%s: ursula_gomaxprocs_changes_total %d, want 0", c.name, n)
-		}
-		stop()
+		t.Run(c.name, func(t *testing.T) {
+			if c.env != "" {
+				t.Setenv("GOMAXPROCS", c.env) // the server inherits it
+			}
+			base := serve(t, c.config)
+			if got := settles(t, base, 1); got != max {
+				t.Errorf("%s, idle: ursula_gomaxprocs %d, want %d", c.name, got, max)
+			}
+			if n := metric(t, base, "ursula_gomaxprocs_changes_total"); n != 0 {
+				t.Errorf("%s: ursula_gomaxprocs_changes_total %d, want 0", c.name, n)
+			}
+		})
 	}
 	var on, off fileConfig
 	toml.Decode("[runtime]\nadaptive_procs = true\n", &on)

@@ -27,7 +27,7 @@ import (
 
 // Config tunes a Controller; zero fields take the defaults.
 type Config struct {
-	Max    int           // the P count under load (default: runtime.GOMAXPROCS(0) at New)
+	Max    int           // the P count under load (default: runtime.GOMAXPROCS(0) at Start)
 	Sample time.Duration // time between samples (default 10 ms)
 	Window int           // samples per decision (default 10)
 	Up     float64       // mean demand at one P that takes Max Ps (default 12)
@@ -67,11 +67,10 @@ func Changes() uint64 { return changes.Load() }
 
 // Controller sets GOMAXPROCS to 1 or Config.Max as the load asks.
 type Controller struct {
-	cfg     Config
-	procs   atomic.Int64
-	changes atomic.Uint64
-	stop    chan struct{}
-	done    chan struct{}
+	cfg   Config
+	procs atomic.Int64
+	stop  chan struct{}
+	done  chan struct{}
 }
 
 // Start runs a controller until Stop. With a Max of 1 there is nothing to choose, and it
@@ -89,9 +88,6 @@ func Start(cfg Config) *Controller {
 
 // Procs is the P count the controller set last.
 func (c *Controller) Procs() int { return int(c.procs.Load()) }
-
-// Changes counts the controller's changes of GOMAXPROCS.
-func (c *Controller) Changes() uint64 { return c.changes.Load() }
 
 // Stop ends the controller and gives the process its Max Ps back.
 func (c *Controller) Stop() {
@@ -151,7 +147,6 @@ func (c *Controller) set(p int) {
 	}
 	runtime.GOMAXPROCS(p)
 	c.procs.Store(int64(p))
-	c.changes.Add(1)
 	changes.Add(1)
 }
 
