@@ -37,6 +37,8 @@
 #   BENCH_BASELINE the baseline file (default test/bench/baseline.json)
 #   BENCH_WRITE_BASELINE=1  replace the baseline file with this run (refresh it from a full
 #                  run on a quiet machine, and commit it)
+#   BENCH_WARM_MB  MiB of tmpfs written and freed before the rounds, so that no target
+#                  pays for the VM's first touch of guest memory (default 8192; 0: none)
 #   BENCH_SCALE=1  also run the scale measurements on the default engine (a few more
 #                  minutes; see the end of this script): 1 MiB appends (1 and 8 writers;
 #                  default configuration, then cold tier off) against the disk's sequential
@@ -87,6 +89,25 @@ bench() {
   pids+=("$pid")
   wait "$pid"
 }
+
+# Guest memory on these VMs is backed on first touch: a 4 KiB page written for the first
+# time since boot cost 9-12 us against about 3 us for a page touched before (a 4 KiB
+# pwrite into a new file, measured 2026-12-07). Every target gets new memory (the journal's
+# and the cold tier's page cache, stream arenas, heap), so whichever target first reached
+# untouched memory paid for it, and the order of the targets showed in their figures. So
+# BENCH_WARM_MB (default 8192; 0 skips it) of tmpfs is written and freed once before the
+# rounds, and each target's data is removed after its round, so the next target starts
+# on memory touched before, as on a host that has been up for a while (the host takes
+# freed memory back over a minute or two, so the removal matters most).
+warm_memory() {
+  local mb=${BENCH_WARM_MB:-8192} f=/dev/shm/ursula-bench-warm.$$
+  [ "$mb" -gt 0 ] && [ -d /dev/shm ] || return 0
+  local t0=$SECONDS
+  head -c "${mb}M" /dev/zero >"$f" 2>/dev/null || echo "== warm-up stopped early (tmpfs full): $(du -m "$f" | cut -f1) MiB"
+  rm -f "$f"
+  echo "== guest memory warmed: $mb MiB of tmpfs written and freed in $((SECONDS - t0)) s"
+}
+warm_memory
 
 results=()
 rounds=${BENCH_ROUNDS:-3}
@@ -152,6 +173,9 @@ for target in $targets; do
   echo "== $target, round $round of $rounds ($(nproc 2>/dev/null || echo ?) CPUs, shared with the load generator)"
   bench --url "$url" --label "$target" --out "$out/$target.r$round.json" --client "${BENCH_CLIENTS:-raw,nethttp}" ${secure[@]+"${secure[@]}"} "$@"
   stop_all
+  # Its data goes with it: the page cache it held is freed for the next target (see
+  # warm_memory), and its dirty pages are dropped instead of written back during the next.
+  rm -rf "$data"
 done
 done
 for target in $targets; do
