@@ -58,6 +58,14 @@ func newReadAhead(c net.Conn) io.Reader {
 	return a
 }
 
+// Buffered is how many bytes the spill holds: read from the socket, not yet returned.
+func (a *readAhead) Buffered() int {
+	if a.spill == nil {
+		return 0
+	}
+	return a.w - a.r
+}
+
 func (a *readAhead) Read(p []byte) (int, error) {
 	if a.spill != nil {
 		n := copy(p, a.spill[a.r:a.w])

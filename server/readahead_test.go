@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -167,4 +168,101 @@ func TestReadAheadPipelinedRequests(t *testing.T) {
 			t.Fatalf("stream holds %d bytes, want the 3 bodies", len(b))
 		}
 	}
+}
+
+// While its connection is marked short (an append is being answered), the library's
+// background read, the only 1-byte read it makes, ends at once: with nothing read ahead it
+// returns no byte and no error instead of waiting, and a byte already read ahead is
+// returned as usual. Unmarked, the same read waits for data (here, until its deadline).
+func TestShortConnBackgroundRead(t *testing.T) {
+	client, s := tcpPair(t)
+	rc := &refusalConn{Conn: s, ra: newReadAhead(s)}
+	if rc.ra == nil {
+		t.Fatal("no read-ahead for a loopback TCP connection")
+	}
+	one := make([]byte, 1)
+	rc.short.Store(true)
+	s.SetReadDeadline(time.Now().Add(5 * time.Second)) // a wait ends in a timeout error
+	if n, err := rc.Read(one); n != 0 || err != nil {
+		t.Fatalf("marked, empty socket: read %d, %v; want 0, nil at once", n, err)
+	}
+	if _, err := client.Write([]byte("abcdef")); err != nil {
+		t.Fatal(err)
+	}
+	rc.short.Store(false)
+	two := make([]byte, 2)
+	if n, err := io.ReadFull(rc, two); n != 2 || err != nil || string(two) != "ab" {
+		t.Fatalf("read %q, %v", two[:n], err)
+	}
+	if b := rc.ra.(bufferedReader).Buffered(); b == 0 {
+		t.Skip("the kernel handed over the first two bytes alone; nothing read ahead to test")
+	}
+	rc.short.Store(true)
+	if n, err := rc.Read(one); n != 1 || err != nil || one[0] != 'c' {
+		t.Fatalf("marked, byte read ahead: read %d %q, %v; want the next byte", n, one[:n], err)
+	}
+	rc.short.Store(false)
+	rest := make([]byte, 3)
+	if n, err := io.ReadFull(rc, rest); err != nil || string(rest) != "def" {
+		t.Fatalf("read %q, %v", rest[:n], err)
+	}
+	s.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	var ne net.Error
+	if n, err := rc.Read(one); n != 0 || !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("unmarked, empty socket: read %d, %v; want a wait ending in a timeout", n, err)
+	}
+}
+
+// An append marks its connection only until its answer is written: a long-poll on the
+// same keep-alive connection right after it still notices that its client went away (the
+// library learns that from its background read), long before its own timeout.
+func TestAppendMarkEndsWithItsAnswer(t *testing.T) {
+	eng := engine.NewMemory(0)
+	t.Cleanup(func() { eng.Close() })
+	srv := New(eng, Config{ClusterID: "c"})
+	addr := newWrappedServer(t, srv)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReader(c)
+	exchange := func(req string, want int) {
+		t.Helper()
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		res, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != want {
+			t.Fatalf("%d, want %d: %s", res.StatusCode, want, b)
+		}
+	}
+	exchange("PUT /bkt1/s HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 0\r\n\r\n", 201)
+	for seq := range 3 {
+		exchange(fmt.Sprintf("POST /bkt1/s HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n"+
+			"Producer-Id: p\r\nProducer-Epoch: 0\r\nProducer-Seq: %d\r\n\r\nhello", seq), 200)
+	}
+	// A long-poll at the tail, with the longest timeout the protocol allows (60 s).
+	if _, err := io.WriteString(c, "GET /bkt1/s?offset=now&live=long-poll&timeout_ms=60000 HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	waitLive := func(want int64, within time.Duration) {
+		t.Helper()
+		end := time.Now().Add(within)
+		for srv.live.Load() != want {
+			if time.Now().After(end) {
+				t.Fatalf("live readers %d, want %d after %v", srv.live.Load(), want, within)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitLive(1, 10*time.Second)
+	c.Close()
+	waitLive(0, 20*time.Second) // a mark left on the connection: only the 60 s timeout ends it
 }

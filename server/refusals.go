@@ -57,6 +57,7 @@ func JSONRefusals(hs *http.Server, ln net.Listener) net.Listener {
 			// runs, is the library's.
 			if rc := findRefusalConn(c); rc != nil {
 				rc.armed.Store(true)
+				rc.short.Store(false)
 			}
 		}
 		if connState != nil {
@@ -106,13 +107,47 @@ type refusalConn struct {
 	net.Conn
 	armed atomic.Bool
 	ra    io.Reader // the plain TCP connection's read-ahead (readahead_linux.go); nil: none
+	// short is set from the start of a handler with short work (an append, see
+	// shortHandler) until the connection is idle again: the library's background read
+	// after the body then ends at once.
+	short atomic.Bool
+}
+
+// bufferedReader is a read-ahead that can tell how many bytes it holds already read
+// from the connection (readahead_linux.go).
+type bufferedReader interface {
+	Buffered() int
 }
 
 func (c *refusalConn) Read(p []byte) (int, error) {
 	if c.ra != nil {
+		if len(p) == 1 && c.short.Load() {
+			// The library's background read (the only 1-byte read it makes), started
+			// once the body is read to watch for a client that goes away or sends its
+			// next request early; the library ends it when the handler returns by
+			// moving the read deadline into the past, and waits for it. For a handler
+			// that only appends that watch is worth nothing, and it costs a read system
+			// call and two wake-ups per request. So it ends at once: with a byte
+			// already read ahead, as a read; else with nothing (the library then reads
+			// the next request as usual once the handler is done).
+			if br, ok := c.ra.(bufferedReader); ok && br.Buffered() == 0 {
+				return 0, nil
+			}
+		}
 		return c.ra.Read(p)
 	}
 	return c.Conn.Read(p)
+}
+
+// shortHandler marks r's connection until it is idle again (its answer written), for a
+// handler whose work ends soon without waiting on anything the client does (an append),
+// called before it reads the body: the library's background read after that body then
+// ends at once (refusalConn.Read). The mark lasts past the handler because that read's
+// goroutine may first run when the library ends it, after the handler returned.
+func shortHandler(r *http.Request) {
+	if c, ok := r.Context().Value(refusalConnKey{}).(*refusalConn); ok && c.ra != nil {
+		c.short.Store(true)
+	}
 }
 
 func findRefusalConn(c net.Conn) *refusalConn {

@@ -155,6 +155,7 @@ func (s *Server) handleAppend(w http.ResponseWriter, r *http.Request, t *target)
 	if !s.writeHere(w, r, t.key) {
 		return
 	}
+	shortHandler(r)
 	// The engine copies the body before Propose returns (into the stream's buffer, or the
 	// log entry), and nothing below keeps it: it may be a pooled buffer.
 	body, e := s.readScratchBody(w, r)
