@@ -103,9 +103,11 @@ warm_memory() {
   local mb=${BENCH_WARM_MB:-8192} f=/dev/shm/ursula-bench-warm.$$
   [ "$mb" -gt 0 ] && [ -d /dev/shm ] || return 0
   local t0=$SECONDS
-  head -c "${mb}M" /dev/zero >"$f" 2>/dev/null || echo "== warm-up stopped early (tmpfs full): $(du -m "$f" | cut -f1) MiB"
+  head -c "${mb}M" /dev/zero >"$f" 2>/dev/null || true # a smaller tmpfs stops it early
+  local got
+  got=$(du -m "$f" | cut -f1)
   rm -f "$f"
-  echo "== guest memory warmed: $mb MiB of tmpfs written and freed in $((SECONDS - t0)) s"
+  echo "== guest memory warmed: $got MiB of tmpfs written and freed in $((SECONDS - t0)) s"
 }
 warm_memory
 
