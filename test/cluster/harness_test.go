@@ -162,8 +162,10 @@ type clusterOpts struct {
 	raft   string // extra [raft] lines
 	extra  string // appended to every config (further sections: [storage.cold])
 	// raftAddr returns the raft_addr node `self` uses to reach node `peer`, whose cluster
-	// listener is on peerPort (a proxy in between); nil: the listener itself.
-	raftAddr func(self, peer, peerPort int) string
+	// listener is on peerPort (a proxy in between, listening on listenPort: a port chosen
+	// with the nodes' own, so that no node is given the proxy's port, nor the proxy a
+	// node's); nil: the listener itself.
+	raftAddr func(self, peer, peerPort, listenPort int) string
 }
 
 func newCluster(t *testing.T, o clusterOpts) *testCluster {
@@ -198,7 +200,7 @@ func newCluster(t *testing.T, o clusterOpts) *testCluster {
 			for j := range o.nodes {
 				addr := fmt.Sprintf("127.0.0.1:%d", raftPorts[j])
 				if o.raftAddr != nil && i != j {
-					addr = o.raftAddr(i, j, raftPorts[j])
+					addr = o.raftAddr(i, j, raftPorts[j], distinct())
 				}
 				fmt.Fprintf(&b, "\n[[raft.peers]]\nnode_id = %d\nurl = \"http://127.0.0.1:%d\"\nraft_addr = %q\n", j+1, httpPorts[j], addr)
 			}

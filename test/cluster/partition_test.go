@@ -26,8 +26,8 @@ type proxy struct {
 	conns  map[net.Conn]bool
 }
 
-func newProxy(t *testing.T, target string) *proxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+func newProxy(t *testing.T, target string, port int) *proxy {
+	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,8 +87,8 @@ func (p *proxy) blackhole(on bool) {
 func TestPartitionedLeaderAcknowledgesNothing(t *testing.T) {
 	proxies := map[[2]int]*proxy{}
 	c := newCluster(t, clusterOpts{nodes: 3, groups: 4, raft: "heartbeat_timeout_ms = 500",
-		raftAddr: func(self, peer, port int) string {
-			p := newProxy(t, fmt.Sprintf("127.0.0.1:%d", port))
+		raftAddr: func(self, peer, port, listenPort int) string {
+			p := newProxy(t, fmt.Sprintf("127.0.0.1:%d", port), listenPort)
 			proxies[[2]int{self, peer}] = p
 			return p.ln.Addr().String()
 		}})
