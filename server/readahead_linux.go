@@ -41,7 +41,7 @@ type readAhead struct {
 
 // newReadAhead returns a read-ahead over c, or nil when c is not a plain TCP connection
 // (possibly under wrappers that expose SyscallConn).
-func newReadAhead(c net.Conn) io.Reader {
+func newReadAhead(c net.Conn) readAheader {
 	sc, ok := c.(syscall.Conn)
 	if !ok {
 		return nil

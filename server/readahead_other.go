@@ -2,11 +2,8 @@
 
 package server
 
-import (
-	"io"
-	"net"
-)
+import "net"
 
 // newReadAhead: the read-ahead (readahead_linux.go) is Linux only; elsewhere connections
 // are read as they are.
-func newReadAhead(net.Conn) io.Reader { return nil }
+func newReadAhead(net.Conn) readAheader { return nil }

@@ -194,7 +194,7 @@ func TestShortConnBackgroundRead(t *testing.T) {
 	if n, err := io.ReadFull(rc, two); n != 2 || err != nil || string(two) != "ab" {
 		t.Fatalf("read %q, %v", two[:n], err)
 	}
-	if b := rc.ra.(bufferedReader).Buffered(); b == 0 {
+	if b := rc.ra.Buffered(); b == 0 {
 		t.Skip("the kernel handed over the first two bytes alone; nothing read ahead to test")
 	}
 	rc.short.Store(true)

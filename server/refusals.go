@@ -35,7 +35,7 @@ func JSONRefusals(hs *http.Server, ln net.Listener) net.Listener {
 		next = http.DefaultServeMux
 	}
 	hs.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if c, ok := r.Context().Value(refusalConnKey{}).(*refusalConn); ok {
+		if c := refusalConnOf(r); c != nil {
 			c.armed.Store(false) // from here on the answer is the handler's
 		}
 		next.ServeHTTP(w, r)
@@ -84,10 +84,7 @@ func (l *refusalListener) Accept() (net.Conn, error) {
 		rc.armed.Store(true)
 		return rc, nil
 	}
-	rc := &refusalConn{Conn: c}
-	if ra := newReadAhead(c); ra != nil {
-		rc.ra = ra
-	}
+	rc := &refusalConn{Conn: c, ra: newReadAhead(c)}
 	rc.armed.Store(true)
 	return rc, nil
 }
@@ -106,16 +103,17 @@ func (c *refusalTLSConn) ConnectionState() tls.ConnectionState { return c.tc.Con
 type refusalConn struct {
 	net.Conn
 	armed atomic.Bool
-	ra    io.Reader // the plain TCP connection's read-ahead (readahead_linux.go); nil: none
+	ra    readAheader // the plain TCP connection's read-ahead (readahead_linux.go); nil: none
 	// short is set from the start of a handler with short work (an append, see
 	// shortHandler) until the connection is idle again: the library's background read
 	// after the body then ends at once.
 	short atomic.Bool
 }
 
-// bufferedReader is a read-ahead that can tell how many bytes it holds already read
-// from the connection (readahead_linux.go).
-type bufferedReader interface {
+// readAheader is a connection's read-ahead (readahead_linux.go): its reads, and how many
+// bytes it holds already read from the connection and not yet returned.
+type readAheader interface {
+	io.Reader
 	Buffered() int
 }
 
@@ -130,7 +128,7 @@ func (c *refusalConn) Read(p []byte) (int, error) {
 			// call and two wake-ups per request. So it ends at once: with a byte
 			// already read ahead, as a read; else with nothing (the library then reads
 			// the next request as usual once the handler is done).
-			if br, ok := c.ra.(bufferedReader); ok && br.Buffered() == 0 {
+			if c.ra.Buffered() == 0 {
 				return 0, nil
 			}
 		}
@@ -145,9 +143,15 @@ func (c *refusalConn) Read(p []byte) (int, error) {
 // ends at once (refusalConn.Read). The mark lasts past the handler because that read's
 // goroutine may first run when the library ends it, after the handler returned.
 func shortHandler(r *http.Request) {
-	if c, ok := r.Context().Value(refusalConnKey{}).(*refusalConn); ok && c.ra != nil {
+	if c := refusalConnOf(r); c != nil && c.ra != nil {
 		c.short.Store(true)
 	}
+}
+
+// refusalConnOf is the connection r came on, nil when JSONRefusals did not wrap it.
+func refusalConnOf(r *http.Request) *refusalConn {
+	c, _ := r.Context().Value(refusalConnKey{}).(*refusalConn)
+	return c
 }
 
 func findRefusalConn(c net.Conn) *refusalConn {
