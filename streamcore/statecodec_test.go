@@ -24,7 +24,7 @@ var codecFields = map[reflect.Type][]string{
 	reflect.TypeFor[ColdChunk]():       {"Key", "Start", "End"},
 	reflect.TypeFor[Producer]():        {"Epoch", "LastSeq", "LastSeen", "ClosedEpoch", "ClosedSeq", "HasClosed", "ClaimDigest", "Newest", "AboveFloor", "HistoryClosed"},
 	reflect.TypeFor[Receipt]():         {"Producer", "Epoch", "Seq", "Digest", "Start", "End", "Closed"},
-	reflect.TypeFor[ReceiptWindow]():   {"ring", "next", "index"},
+	reflect.TypeFor[ReceiptWindow]():   {"ring", "next"},
 	reflect.TypeFor[Buffer]():          {"base", "end", "blocks", "starts", "arenas"},
 }
 
