@@ -27,6 +27,10 @@ type MemoryStats struct {
 	RSSBytes   uint64 `json:"rss_bytes"`
 	Goroutines int    `json:"goroutines"`
 	GCCycles   uint64 `json:"gc_cycles"`
+	// GCPercent is the GC percent in effect (GOGC; runtime.gc_heap_floor_mib raises it
+	// while the live heap is small) and HeapGoalBytes the heap size of the next collection.
+	GCPercent     uint64 `json:"gc_percent"`
+	HeapGoalBytes uint64 `json:"heap_goal_bytes"`
 }
 
 var memMetricNames = []string{
@@ -35,6 +39,8 @@ var memMetricNames = []string{
 	"/memory/classes/heap/stacks:bytes",
 	"/memory/classes/total:bytes",
 	"/gc/cycles/total:gc-cycles",
+	"/gc/gogc:percent",
+	"/gc/heap/goal:bytes",
 }
 
 // readMemoryStats samples the runtime's metrics (no stop of the world) and the RSS.
@@ -52,7 +58,7 @@ func readMemoryStats() MemoryStats {
 	}
 	return MemoryStats{
 		HeapLiveBytes: u(0), HeapObjectsBytes: u(1), StackBytes: u(2), RuntimeTotalBytes: u(3),
-		GCCycles: u(4), RSSBytes: residentBytes(), Goroutines: runtime.NumGoroutine(),
+		GCCycles: u(4), GCPercent: u(5), HeapGoalBytes: u(6), RSSBytes: residentBytes(), Goroutines: runtime.NumGoroutine(),
 	}
 }
 

@@ -98,6 +98,7 @@ Server flags (flags override the config file):
   --join URL       start a new node for a running cluster (any member's client URL); it
                    waits until an operator adds it: ursula ctl members add ID URL
   --cpuprofile F   write a Go CPU profile to F until shutdown (for performance work)
+  --memprofile F   write a Go allocation profile to F at shutdown (for performance work)
 
 With no config, ursula server runs one persistent node (Raft, a single voter) under
 ./ursula-data, with the fs cold tier in ./ursula-data/cold (old stream bytes move from
@@ -237,6 +238,7 @@ func runServer(args []string, stderr io.Writer) error {
 	engineFlag := fs.String("engine", "", "storage engine")
 	nodeID := fs.Uint64("node-id", 0, "raft node id (overrides raft.node_id)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile to this file until shutdown")
+	memProfile := fs.String("memprofile", "", "write an allocation profile to this file at shutdown")
 	adminListen := fs.String("admin-listen", "", "admin listener address")
 	join := fs.String("join", "", "client URL of a member of the cluster to join")
 	if err := fs.Parse(args); err != nil {
@@ -281,6 +283,10 @@ func runServer(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	gcFloor, err := fc.Runtime.gcHeapFloor()
+	if err != nil {
+		return err
+	}
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -289,6 +295,13 @@ func runServer(args []string, stderr io.Writer) error {
 		}
 		pprof.StartCPUProfile(f)
 		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
+	if *memProfile != "" {
+		f, err := os.Create(*memProfile)
+		if err != nil {
+			return err
+		}
+		defer func() { pprof.Lookup("allocs").WriteTo(f, 0); f.Close() }()
 	}
 	clusterID := fc.Server.ClusterID
 	if clusterID != "" && !validClusterID(clusterID) {
@@ -388,6 +401,7 @@ func runServer(args []string, stderr io.Writer) error {
 	fsyncAll := engineName == "raft" && fc.Raft.WAL.Fsync == "always"
 	pc := fc.Runtime.startProcs(clusterSize(len(fc.Raft.Peers), joining) <= 1 && !fsyncAll)
 	defer pc.Stop()
+	defer startGCFloor(gcFloor).Stop()
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(cln) }()
 	select {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"runtime"
 
+	"github.com/ursula-go/ursula/internal/gcfloor"
 	"github.com/ursula-go/ursula/internal/procs"
 )
 
@@ -19,6 +20,35 @@ type runtimeConfig struct {
 	// under raft.wal.fsync = "always", where it was measured slower (docs/performance.md).
 	// A GOMAXPROCS environment variable turns it off: the operator chose.
 	AdaptiveProcs *bool `toml:"adaptive_procs"`
+	// GCHeapFloorMiB keeps the garbage collector's heap goal at or above this many MiB
+	// while the live heap is smaller (internal/gcfloor): absent 64, 0 off. A GOGC
+	// environment variable turns it off: the operator chose.
+	GCHeapFloorMiB *int64 `toml:"gc_heap_floor_mib"`
+}
+
+// defaultGCHeapFloorMiB is the heap-goal floor without a config: about the goal that
+// measured 1.15x the appends per second of the runtime's default (docs/performance.md).
+const defaultGCHeapFloorMiB = 64
+
+// gcHeapFloor is the floor in bytes (0: none), or an error for a bad value.
+func (rc runtimeConfig) gcHeapFloor() (uint64, error) {
+	p := rc.GCHeapFloorMiB
+	switch {
+	case p == nil:
+		return defaultGCHeapFloorMiB << 20, nil
+	case *p < 0 || *p > 1<<20:
+		return 0, fmt.Errorf("runtime.gc_heap_floor_mib must be 0 (off) to %d MiB, not %d", 1<<20, *p)
+	}
+	return uint64(*p) << 20, nil
+}
+
+// startGCFloor starts the heap-goal floor unless the config or a GOGC environment
+// variable says otherwise (nil then).
+func startGCFloor(floor uint64) *gcfloor.Floor {
+	if floor == 0 || os.Getenv("GOGC") != "" {
+		return nil
+	}
+	return gcfloor.Start(floor)
 }
 
 // startProcs starts the P controller when the config and the environment let it, nil

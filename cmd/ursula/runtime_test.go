@@ -133,3 +133,89 @@ func TestAdaptiveProcs(t *testing.T) {
 	}
 	pc.Stop()
 }
+
+// runtime.gc_heap_floor_mib: by default a node's idle heap (a few MB) gets a GC percent
+// that puts the next collection at the floor (ursula_gc_percent above 100,
+// ursula_memory_heap_goal_bytes at least 64 MiB); 0 or a GOGC in the environment keep
+// the runtime's percent; a negative or absurd floor is refused at startup.
+func TestGCHeapFloor(t *testing.T) {
+	for _, c := range []struct {
+		text string
+		want uint64
+		bad  bool
+	}{
+		{"", 64 << 20, false},
+		{"[runtime]\ngc_heap_floor_mib = 0\n", 0, false},
+		{"[runtime]\ngc_heap_floor_mib = 256\n", 256 << 20, false},
+		{"[runtime]\ngc_heap_floor_mib = -1\n", 0, true},
+		{"[runtime]\ngc_heap_floor_mib = 2000000\n", 0, true},
+	} {
+		var fc fileConfig
+		if _, err := toml.Decode(c.text, &fc); err != nil {
+			t.Fatal(err)
+		}
+		got, err := fc.Runtime.gcHeapFloor()
+		if (err != nil) != c.bad || got != c.want {
+			t.Fatalf("%q: %d %v, want %d (error: %v)", c.text, got, err, c.want, c.bad)
+		}
+	}
+	bin := filepath.Join(t.TempDir(), "ursula")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	metric := func(t *testing.T, base, name string) float64 {
+		res, err := http.Get(base + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, name+" "); ok {
+				n, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					t.Fatalf("%s %q", name, v)
+				}
+				return n
+			}
+		}
+		t.Fatalf("no %s in /metrics:\n%s", name, b)
+		return 0
+	}
+	serve := func(t *testing.T, config string) string {
+		dir := t.TempDir()
+		cfg := filepath.Join(dir, "c.toml")
+		os.WriteFile(cfg, []byte(config), 0o644)
+		return startLogged(t, bin, "ursula listening", "server", "--config", cfg, "--listen", "127.0.0.1:0", "--admin-listen", "off", "--data", filepath.Join(dir, "data"))
+	}
+	t.Run("default", func(t *testing.T) {
+		t.Setenv("GOGC", "") // unset for the server: the floor runs
+		base := serve(t, "")
+		if p := metric(t, base, "ursula_gc_percent"); p <= 100 {
+			t.Errorf("ursula_gc_percent %v, want above 100 for an idle heap", p)
+		}
+		if g := metric(t, base, "ursula_memory_heap_goal_bytes"); g < 60<<20 {
+			t.Errorf("ursula_memory_heap_goal_bytes %v, want about 64 MiB", g)
+		}
+	})
+	for _, c := range []struct{ name, config, env string }{
+		{"gc_heap_floor_mib = 0", "[runtime]\ngc_heap_floor_mib = 0\n", ""},
+		{"GOGC set", "", "100"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.env != "" {
+				t.Setenv("GOGC", c.env) // the server inherits it
+			}
+			base := serve(t, c.config)
+			if p := metric(t, base, "ursula_gc_percent"); p != 100 {
+				t.Errorf("%s: ursula_gc_percent %v, want 100", c.name, p)
+			}
+		})
+	}
+	cfg := filepath.Join(t.TempDir(), "c.toml")
+	os.WriteFile(cfg, []byte("[runtime]\ngc_heap_floor_mib = -5\n"), 0o644)
+	var out, errb bytes.Buffer
+	if code := run([]string{"server", "--config", cfg, "--data", t.TempDir()}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "gc_heap_floor_mib") {
+		t.Fatalf("negative floor: %d %q", code, errb.String())
+	}
+}
