@@ -401,7 +401,7 @@ func runServer(args []string, stderr io.Writer) error {
 	fsyncAll := engineName == "raft" && fc.Raft.WAL.Fsync == "always"
 	pc := fc.Runtime.startProcs(clusterSize(len(fc.Raft.Peers), joining) <= 1 && !fsyncAll)
 	defer pc.Stop()
-	defer startGCFloor(gcFloor).Stop()
+	defer gcFloor.start().Stop()
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(cln) }()
 	select {

@@ -21,34 +21,47 @@ type runtimeConfig struct {
 	// A GOMAXPROCS environment variable turns it off: the operator chose.
 	AdaptiveProcs *bool `toml:"adaptive_procs"`
 	// GCHeapFloorMiB keeps the garbage collector's heap goal at or above this many MiB
-	// while the live heap is smaller (internal/gcfloor): absent 64, 0 off. A GOGC
-	// environment variable turns it off: the operator chose.
+	// while the live heap is smaller and the process allocates fast (internal/gcfloor):
+	// absent 64, 0 off. A GOGC environment variable turns it off: the operator chose.
 	GCHeapFloorMiB *int64 `toml:"gc_heap_floor_mib"`
+	// GCHeapFloorRateMiB is the allocation rate (MiB per second, between two
+	// collections) at which the floor starts; it ends under half of it. Absent 128.
+	GCHeapFloorRateMiB *int64 `toml:"gc_heap_floor_rate_mib"`
 }
 
 // defaultGCHeapFloorMiB is the heap-goal floor without a config: about the goal that
-// measured 1.15x the appends per second of the runtime's default (docs/performance.md).
+// measured 1.05-1.15x the appends per second at 16 and 64 writers (docs/performance.md).
 const defaultGCHeapFloorMiB = 64
 
-// gcHeapFloor is the floor in bytes (0: none), or an error for a bad value.
-func (rc runtimeConfig) gcHeapFloor() (uint64, error) {
-	p := rc.GCHeapFloorMiB
-	switch {
-	case p == nil:
-		return defaultGCHeapFloorMiB << 20, nil
-	case *p < 0 || *p > 1<<20:
-		return 0, fmt.Errorf("runtime.gc_heap_floor_mib must be 0 (off) to %d MiB, not %d", 1<<20, *p)
+// gcFloor is the [runtime] heap-goal floor: bytes (0: none) and the allocation rate in
+// bytes per second that starts it.
+type gcFloor struct{ floor, rate uint64 }
+
+// gcHeapFloor reads the floor's keys, or an error for a bad value.
+func (rc runtimeConfig) gcHeapFloor() (gcFloor, error) {
+	g := gcFloor{floor: defaultGCHeapFloorMiB << 20, rate: gcfloor.DefaultOnRate}
+	if p := rc.GCHeapFloorMiB; p != nil {
+		if *p < 0 || *p > 1<<20 {
+			return gcFloor{}, fmt.Errorf("runtime.gc_heap_floor_mib must be 0 (off) to %d MiB, not %d", 1<<20, *p)
+		}
+		g.floor = uint64(*p) << 20
 	}
-	return uint64(*p) << 20, nil
+	if p := rc.GCHeapFloorRateMiB; p != nil {
+		if *p < 1 || *p > 1<<20 {
+			return gcFloor{}, fmt.Errorf("runtime.gc_heap_floor_rate_mib must be 1 to %d MiB per second, not %d", 1<<20, *p)
+		}
+		g.rate = uint64(*p) << 20
+	}
+	return g, nil
 }
 
-// startGCFloor starts the heap-goal floor unless the config or a GOGC environment
-// variable says otherwise (nil then).
-func startGCFloor(floor uint64) *gcfloor.Floor {
-	if floor == 0 || os.Getenv("GOGC") != "" {
+// start starts the heap-goal floor unless the config or a GOGC environment variable says
+// otherwise (nil then).
+func (g gcFloor) start() *gcfloor.Floor {
+	if g.floor == 0 || os.Getenv("GOGC") != "" {
 		return nil
 	}
-	return gcfloor.Start(floor)
+	return gcfloor.Start(g.floor, g.rate, g.rate/2)
 }
 
 // startProcs starts the P controller when the config and the environment let it, nil

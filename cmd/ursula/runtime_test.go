@@ -134,29 +134,31 @@ func TestAdaptiveProcs(t *testing.T) {
 	pc.Stop()
 }
 
-// runtime.gc_heap_floor_mib: by default a node's idle heap (a few MB) gets a GC percent
-// that puts the next collection at the floor (ursula_gc_percent above 100,
-// ursula_memory_heap_goal_bytes at least 64 MiB); 0 or a GOGC in the environment keep
-// the runtime's percent; a negative or absurd floor is refused at startup.
+// runtime.gc_heap_floor_mib: an idle node keeps the runtime's GC percent; once it
+// allocates at gc_heap_floor_rate_mib (here 1 MiB/s, so a small append load does) the
+// floor raises the percent (ursula_gc_percent above 100) so the goal is about the floor
+// (ursula_memory_heap_goal_bytes). gc_heap_floor_mib = 0 or a GOGC in the environment keep
+// the runtime's percent under the same load; bad values are refused at startup.
 func TestGCHeapFloor(t *testing.T) {
 	for _, c := range []struct {
-		text string
-		want uint64
-		bad  bool
+		text        string
+		floor, rate uint64
+		bad         bool
 	}{
-		{"", 64 << 20, false},
-		{"[runtime]\ngc_heap_floor_mib = 0\n", 0, false},
-		{"[runtime]\ngc_heap_floor_mib = 256\n", 256 << 20, false},
-		{"[runtime]\ngc_heap_floor_mib = -1\n", 0, true},
-		{"[runtime]\ngc_heap_floor_mib = 2000000\n", 0, true},
+		{"", 64 << 20, 128 << 20, false},
+		{"[runtime]\ngc_heap_floor_mib = 0\n", 0, 128 << 20, false},
+		{"[runtime]\ngc_heap_floor_mib = 256\ngc_heap_floor_rate_mib = 10\n", 256 << 20, 10 << 20, false},
+		{"[runtime]\ngc_heap_floor_mib = -1\n", 0, 0, true},
+		{"[runtime]\ngc_heap_floor_mib = 2000000\n", 0, 0, true},
+		{"[runtime]\ngc_heap_floor_rate_mib = 0\n", 0, 0, true},
 	} {
 		var fc fileConfig
 		if _, err := toml.Decode(c.text, &fc); err != nil {
 			t.Fatal(err)
 		}
 		got, err := fc.Runtime.gcHeapFloor()
-		if (err != nil) != c.bad || got != c.want {
-			t.Fatalf("%q: %d %v, want %d (error: %v)", c.text, got, err, c.want, c.bad)
+		if (err != nil) != c.bad || got.floor != c.floor || got.rate != c.rate {
+			t.Fatalf("%q: %+v %v, want floor %d rate %d (error: %v)", c.text, got, err, c.floor, c.rate, c.bad)
 		}
 	}
 	bin := filepath.Join(t.TempDir(), "ursula")
@@ -188,27 +190,60 @@ func TestGCHeapFloor(t *testing.T) {
 		os.WriteFile(cfg, []byte(config), 0o644)
 		return startLogged(t, bin, "ursula listening", "server", "--config", cfg, "--listen", "127.0.0.1:0", "--admin-listen", "off", "--data", filepath.Join(dir, "data"))
 	}
+	// load appends 64 KiB bodies until percent reads true (checked every 50 appends)
+	// or 5 s pass, and returns the last reading.
+	load := func(t *testing.T, base string, done func(p float64) bool) float64 {
+		url := base + "/bkt1/gcfloor"
+		req, _ := http.NewRequest("PUT", url, nil)
+		req.Header.Set("Content-Type", "application/octet-stream")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil || res.StatusCode != http.StatusCreated {
+			t.Fatalf("create: %v %v", res, err)
+		}
+		res.Body.Close()
+		body := bytes.Repeat([]byte("x"), 64<<10)
+		p := metric(t, base, "ursula_gc_percent")
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && !done(p); {
+			for range 50 {
+				res, err := http.Post(url, "application/octet-stream", bytes.NewReader(body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				io.Copy(io.Discard, res.Body)
+				res.Body.Close()
+				if res.StatusCode != http.StatusNoContent {
+					t.Fatalf("append: %s", res.Status)
+				}
+			}
+			p = metric(t, base, "ursula_gc_percent")
+		}
+		return p
+	}
+	fast := "[runtime]\ngc_heap_floor_rate_mib = 1\n"
 	t.Run("default", func(t *testing.T) {
 		t.Setenv("GOGC", "") // unset for the server: the floor runs
-		base := serve(t, "")
-		if p := metric(t, base, "ursula_gc_percent"); p <= 100 {
-			t.Errorf("ursula_gc_percent %v, want above 100 for an idle heap", p)
+		base := serve(t, fast)
+		if p := metric(t, base, "ursula_gc_percent"); p != 100 {
+			t.Errorf("idle: ursula_gc_percent %v, want 100", p)
+		}
+		if p := load(t, base, func(p float64) bool { return p > 100 }); p <= 100 {
+			t.Fatalf("under load: ursula_gc_percent %v, want above 100", p)
 		}
 		if g := metric(t, base, "ursula_memory_heap_goal_bytes"); g < 60<<20 {
-			t.Errorf("ursula_memory_heap_goal_bytes %v, want about 64 MiB", g)
+			t.Errorf("under load: ursula_memory_heap_goal_bytes %v, want about 64 MiB", g)
 		}
 	})
 	for _, c := range []struct{ name, config, env string }{
-		{"gc_heap_floor_mib = 0", "[runtime]\ngc_heap_floor_mib = 0\n", ""},
-		{"GOGC set", "", "100"},
+		{"gc_heap_floor_mib = 0", fast + "gc_heap_floor_mib = 0\n", ""},
+		{"GOGC set", fast, "100"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if c.env != "" {
 				t.Setenv("GOGC", c.env) // the server inherits it
 			}
 			base := serve(t, c.config)
-			if p := metric(t, base, "ursula_gc_percent"); p != 100 {
-				t.Errorf("%s: ursula_gc_percent %v, want 100", c.name, p)
+			if p := load(t, base, func(float64) bool { return false }); p != 100 {
+				t.Errorf("%s, under load: ursula_gc_percent %v, want 100", c.name, p)
 			}
 		})
 	}

@@ -11,25 +11,27 @@ import (
 func TestPercentFor(t *testing.T) {
 	const mib = 1 << 20
 	for _, c := range []struct {
-		live, floor uint64
-		base, want  int
+		live, roots, floor uint64
+		base, want         int
 	}{
-		{0, 64 * mib, 100, 100},         // nothing measured yet
-		{64 * mib, 64 * mib, 100, 100},  // at the floor: the base
-		{200 * mib, 64 * mib, 100, 100}, // past it: the base
-		{16 * mib, 64 * mib, 100, 300},  // goal 16 * 4 = 64
-		{13 * mib, 64 * mib, 100, 393},  // rounded up: the goal reaches the floor
-		{40 * mib, 64 * mib, 100, 100},  // the base already gives more than the floor
-		{40 * mib, 64 * mib, 200, 200},  // a higher base is kept
-		{1, 64 * mib, 100, maxPercent},  // bounded
-		{10 * mib, 64 * mib, 50, 540},   // a lower base is raised the same way
+		{0, 0, 64 * mib, 100, 100},              // nothing measured yet
+		{64 * mib, 0, 64 * mib, 100, 100},       // at the floor: the base
+		{200 * mib, 0, 64 * mib, 100, 100},      // past it: the base
+		{16 * mib, 0, 64 * mib, 100, 300},       // goal 16 + 16 * 3 = 64
+		{16 * mib, 8 * mib, 64 * mib, 100, 200}, // roots count: 16 + 24 * 2 = 64
+		{13 * mib, 0, 64 * mib, 100, 393},       // rounded up: the goal reaches the floor
+		{40 * mib, 0, 64 * mib, 100, 100},       // the base already gives more than the floor
+		{40 * mib, 0, 64 * mib, 200, 200},       // a higher base is kept
+		{1, 0, 64 * mib, 100, maxPercent},       // bounded
+		{10 * mib, 0, 64 * mib, 50, 540},        // a lower base is raised the same way
 	} {
-		if got := percentFor(c.live, c.floor, c.base); got != c.want {
-			t.Errorf("percentFor(%d, %d, %d) = %d, want %d", c.live, c.floor, c.base, got, c.want)
+		p := percentFor(c.live, c.roots, c.floor, c.base)
+		if p != c.want {
+			t.Errorf("percentFor(%d, %d, %d, %d) = %d, want %d", c.live, c.roots, c.floor, c.base, p, c.want)
 		}
-		if p := percentFor(c.live, c.floor, c.base); c.live > 0 && c.live < c.floor && p < maxPercent {
-			if goal := c.live * uint64(100+p) / 100; goal < c.floor {
-				t.Errorf("live %d, percent %d: goal %d under the floor %d", c.live, p, goal, c.floor)
+		if c.live > 0 && c.live < c.floor && p < maxPercent {
+			if goal := c.live + (c.live+c.roots)*uint64(p)/100; goal < c.floor {
+				t.Errorf("live %d, roots %d, percent %d: goal %d under the floor %d", c.live, c.roots, p, goal, c.floor)
 			}
 		}
 	}
@@ -61,7 +63,7 @@ func TestFloorFollowsTheLiveHeap(t *testing.T) {
 	const floor = 24 << 20
 	before := debug.SetGCPercent(100)
 	defer debug.SetGCPercent(before)
-	f := Start(floor)
+	f := Start(floor, 1, 1) // any allocation keeps it on
 	if f == nil {
 		t.Fatal("Start returned nil with GC on")
 	}
@@ -89,11 +91,52 @@ func TestFloorFollowsTheLiveHeap(t *testing.T) {
 func TestStartOffWhenGCIsOff(t *testing.T) {
 	before := debug.SetGCPercent(-1)
 	defer debug.SetGCPercent(before)
-	if f := Start(64 << 20); f != nil {
+	if f := Start(64<<20, 0, 0); f != nil {
 		f.Stop()
 		t.Fatal("Start ran with GOGC=off")
 	}
-	if f := Start(0); f != nil {
+	if f := Start(0, 0, 0); f != nil {
 		t.Fatal("Start ran with a floor of 0")
+	}
+}
+
+var sink []byte
+
+// TestFloorFollowsTheAllocationRate: the floor stays off while the process allocates
+// slowly, starts when it allocates fast, and ends when the rate falls again.
+func TestFloorFollowsTheAllocationRate(t *testing.T) {
+	before := debug.SetGCPercent(100)
+	defer debug.SetGCPercent(before)
+	f := Start(64<<20, 64<<20, 32<<20)
+	defer f.Stop()
+	// Slow: collections 120 ms apart with next to no allocation between them.
+	for range 5 {
+		time.Sleep(120 * time.Millisecond)
+		runtime.GC()
+	}
+	time.Sleep(20 * time.Millisecond) // the cleanup runs after the collection
+	if f.Active() || f.Percent() != 100 {
+		t.Fatalf("idle: active %v, percent %d", f.Active(), f.Percent())
+	}
+	// Fast: 64 KiB garbage blocks as fast as we can, for up to 5 s.
+	deadline := time.Now().Add(5 * time.Second)
+	for !f.Active() && time.Now().Before(deadline) {
+		for range 256 {
+			sink = make([]byte, 64<<10)
+		}
+	}
+	if !f.Active() {
+		t.Fatal("no floor under fast allocation")
+	}
+	waitPercent(t, f, "fast", func(p int) bool { return p > 100 })
+	// Slow again.
+	deadline = time.Now().Add(5 * time.Second)
+	for f.Active() && time.Now().Before(deadline) {
+		time.Sleep(120 * time.Millisecond)
+		runtime.GC()
+	}
+	time.Sleep(20 * time.Millisecond)
+	if f.Active() || f.Percent() != 100 {
+		t.Fatalf("slow again: active %v, percent %d", f.Active(), f.Percent())
 	}
 }
