@@ -30,7 +30,7 @@ type runtimeConfig struct {
 }
 
 // defaultGCHeapFloorMiB is the heap-goal floor without a config: about the goal that
-// measured 1.05-1.15x the appends per second at 16 and 64 writers (docs/performance.md).
+// measured 1.04-1.15x the appends per second at 16 and 64 writers (docs/performance.md).
 const defaultGCHeapFloorMiB = 64
 
 // gcFloor is the [runtime] heap-goal floor: bytes (0: none) and the allocation rate in

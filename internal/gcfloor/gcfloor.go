@@ -8,8 +8,9 @@
 // allocate fast (about 15 KB per 4 KiB append on the default engine). With the runtime's
 // default percent (100) the heap goal was twice that small heap and the collector ran 16
 // times a second, each cycle scanning the same live heap. Measured on the project's
-// 2-vCPU VM (docs/performance.md): a floor of 64 MiB did 1.05-1.14x the appends per
-// second of the default at 16 writers and 1.04-1.15x at 64 (alternate runs).
+// 2-vCPU VM (docs/performance.md): a floor of 64 MiB did 1.04-1.15x the appends per
+// second of the default at 16 and 64 writers in alternate runs of 5 s, and 0.98-1.13x in
+// the bench harness's rounds, whose spread is larger.
 //
 // Why only under load: a larger goal means more heap pages, and the first touch of a page
 // is expensive on a virtual machine. A floor held at all times made a lone writer's
