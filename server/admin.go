@@ -237,7 +237,7 @@ func (s *Server) handleMetricsProm(w http.ResponseWriter, r *http.Request) {
 	gauge("ursula_memory_heap_live_bytes", "Go heap found live by the last collection.", ms.Memory.HeapLiveBytes)
 	gauge("ursula_memory_rss_bytes", "Resident set size of the process.", ms.Memory.RSSBytes)
 	gauge("ursula_memory_heap_goal_bytes", "Heap size at which the next collection starts.", ms.Memory.HeapGoalBytes)
-	gauge("ursula_gc_percent", "The GC percent in effect (GOGC; runtime.gc_heap_floor_mib raises it while the live heap is small).", ms.Memory.GCPercent)
+	gauge("ursula_gc_percent", "The GC percent in effect (GOGC; runtime.gc_heap_floor_mib raises it while the process allocates fast and the live heap is small).", ms.Memory.GCPercent)
 	gauge("ursula_goroutines", "Goroutines of the process.", ms.Memory.Goroutines)
 	gauge("ursula_gomaxprocs", "The Go scheduler's P count now (runtime.adaptive_procs sizes it to the load).", ms.GoMaxProcs)
 	counter("ursula_gomaxprocs_changes_total", "Changes of the P count by runtime.adaptive_procs.", ms.GoMaxProcsChanges)

@@ -28,7 +28,8 @@ type MemoryStats struct {
 	Goroutines int    `json:"goroutines"`
 	GCCycles   uint64 `json:"gc_cycles"`
 	// GCPercent is the GC percent in effect (GOGC; runtime.gc_heap_floor_mib raises it
-	// while the live heap is small) and HeapGoalBytes the heap size of the next collection.
+	// while the process allocates fast and the live heap is small) and HeapGoalBytes the
+	// heap size of the next collection.
 	GCPercent     uint64 `json:"gc_percent"`
 	HeapGoalBytes uint64 `json:"heap_goal_bytes"`
 }

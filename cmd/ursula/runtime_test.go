@@ -55,31 +55,8 @@ func TestAdaptiveProcs(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
-	metric := func(t *testing.T, base, name string) int {
-		res, err := http.Get(base + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, name+" "); ok {
-				n, err := strconv.Atoi(v)
-				if err != nil {
-					t.Fatalf("%s %q", name, v)
-				}
-				return n
-			}
-		}
-		t.Fatalf("no %s in /metrics:\n%s", name, b)
-		return 0
-	}
-	serve := func(t *testing.T, config string) string {
-		dir := t.TempDir()
-		cfg := filepath.Join(dir, "c.toml")
-		os.WriteFile(cfg, []byte(config), 0o644)
-		return startLogged(t, bin, "ursula listening", "server", "--config", cfg, "--listen", "127.0.0.1:0", "--admin-listen", "off", "--data", filepath.Join(dir, "data"))
-	}
+	metric := func(t *testing.T, base, name string) int { return int(metricValue(t, base, name)) }
+	serve := func(t *testing.T, config string) string { return serveConfig(t, bin, config) }
 	// settles reports the gauge once it reads want, or the last reading after 3 s.
 	settles := func(t *testing.T, base string, want int) int {
 		got := 0
@@ -165,31 +142,8 @@ func TestGCHeapFloor(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
-	metric := func(t *testing.T, base, name string) float64 {
-		res, err := http.Get(base + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, name+" "); ok {
-				n, err := strconv.ParseFloat(v, 64)
-				if err != nil {
-					t.Fatalf("%s %q", name, v)
-				}
-				return n
-			}
-		}
-		t.Fatalf("no %s in /metrics:\n%s", name, b)
-		return 0
-	}
-	serve := func(t *testing.T, config string) string {
-		dir := t.TempDir()
-		cfg := filepath.Join(dir, "c.toml")
-		os.WriteFile(cfg, []byte(config), 0o644)
-		return startLogged(t, bin, "ursula listening", "server", "--config", cfg, "--listen", "127.0.0.1:0", "--admin-listen", "off", "--data", filepath.Join(dir, "data"))
-	}
+	metric := metricValue
+	serve := func(t *testing.T, config string) string { return serveConfig(t, bin, config) }
 	// load appends 64 KiB bodies until percent reads true (checked every 50 appends)
 	// or 5 s pass, and returns the last reading.
 	load := func(t *testing.T, base string, done func(p float64) bool) float64 {
@@ -253,4 +207,35 @@ func TestGCHeapFloor(t *testing.T) {
 	if code := run([]string{"server", "--config", cfg, "--data", t.TempDir()}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "gc_heap_floor_mib") {
 		t.Fatalf("negative floor: %d %q", code, errb.String())
 	}
+}
+
+// metricValue reads the gauge or counter name from base's /metrics (Prometheus text).
+func metricValue(t *testing.T, base, name string) float64 {
+	t.Helper()
+	res, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			n, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s %q", name, v)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no %s in /metrics:\n%s", name, b)
+	return 0
+}
+
+// serveConfig starts bin as a server with the TOML config (admin listener off, a fresh
+// data directory) and returns its base URL.
+func serveConfig(t *testing.T, bin, config string) string {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "c.toml")
+	os.WriteFile(cfg, []byte(config), 0o644)
+	return startLogged(t, bin, "ursula listening", "server", "--config", cfg, "--listen", "127.0.0.1:0", "--admin-listen", "off", "--data", filepath.Join(dir, "data"))
 }
